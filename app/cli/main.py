@@ -1,0 +1,84 @@
+"""Entry point of the `cacheroute` command."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+
+from cacheroute import __version__
+from cacheroute.cli.demo import demo
+from cacheroute.cli.kafka import kafka
+from cacheroute.cli.topics import topics
+from cacheroute.errors import CacheRouteError
+from cacheroute.schemas import SchemaError
+from cacheroute.settings import Settings
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="cacheroute")
+@click.option(
+    "--bootstrap",
+    metavar="HOST:PORT",
+    help="Kafka bootstrap address [env CACHEROUTE_BOOTSTRAP; default 127.0.0.1:9092].",
+)
+@click.option(
+    "--topic-prefix",
+    metavar="PREFIX",
+    help="Prefix of every topic name [env CACHEROUTE_TOPIC_PREFIX; default none].",
+)
+@click.option(
+    "--home",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Cache of broker jars and local broker state [env CACHEROUTE_HOME; "
+    "default ~/.cache/cacheroute].",
+)
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    bootstrap: str | None,
+    topic_prefix: str | None,
+    home: Path | None,
+    verbose: int,
+) -> None:
+    """CacheRoute: planned prefix-affinity routing for multi-replica LLM serving.
+
+    Settings come from CACHEROUTE_* environment variables; the flags here override them.
+    """
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level,
+        format="%(message)s",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
+    ctx.obj = Settings.from_env(bootstrap=bootstrap, topic_prefix=topic_prefix, home=home)
+
+
+cli.add_command(kafka)
+cli.add_command(topics)
+cli.add_command(demo)
+
+
+def main() -> None:
+    """Run the CLI; operational errors print one clear message and exit 1, no traceback."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (CacheRouteError, SchemaError) as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,337 @@
+"""Start, stop and inspect one local single-node Kafka broker process.
+
+State lives in one folder per broker (`<home>/brokers/<host>-<port>/`): `server.properties`,
+`log4j2.properties`, `data/` (the KRaft log, formatted once), `logs/server.log`, `logs/stdout.log`
+and `broker.pid`. `stop` signals only the pid in that file, and only after checking that the pid
+is a `kafka.Kafka` JVM running this folder's config — never another process that reused the pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from ipaddress import ip_address
+from pathlib import Path
+
+from cacheroute.errors import CacheRouteError
+from cacheroute.localkafka.config import render_log4j2, render_server_properties
+from cacheroute.localkafka.distribution import KafkaDistribution, find_java
+
+__all__ = ["BrokerStatus", "LocalBroker", "StartResult", "broker_answers"]
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What `start` did."""
+
+    bootstrap: str
+    pid: int
+    already_running: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What `status` found."""
+
+    bootstrap: str
+    running: bool
+    pid: int | None
+    answering: bool
+    state_dir: Path
+
+
+def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
+    """True when a Kafka broker at `bootstrap` answers a metadata request within `timeout`."""
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout, 1.0)):
+            pass
+    except OSError:
+        return False
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415 - keep CLI start-up fast
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except Exception:  # KafkaException while the broker is still coming up
+        return False
+    return bool(meta.brokers)
+
+
+class LocalBroker:
+    """One local broker: both KRaft controller and broker, bound to a loopback address."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        controller_port: int | None = None,
+        heap: str = "512m",
+    ) -> None:
+        if not ip_address(_resolve_host(host)).is_loopback:
+            raise CacheRouteError(
+                f"the local broker only listens on loopback addresses; {host} is not one "
+                "(use 127.0.0.1, or point CACHEROUTE_BOOTSTRAP at your own Kafka cluster)"
+            )
+        self.state_dir = state_dir
+        self.host = host
+        self.port = port
+        self.controller_port = controller_port or port + 1
+        self.heap = heap
+
+    @property
+    def bootstrap(self) -> str:
+        """Address clients connect to."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        """Pid of the running JVM; absent when stopped."""
+        return self.state_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        """The broker's own log (log4j2)."""
+        return self.state_dir / "logs" / "server.log"
+
+    @property
+    def stdout_file(self) -> Path:
+        """JVM stdout/stderr: start-up failures before logging is up land here."""
+        return self.state_dir / "logs" / "stdout.log"
+
+    @property
+    def _props(self) -> Path:
+        return self.state_dir / "server.properties"
+
+    @property
+    def _data(self) -> Path:
+        return self.state_dir / "data"
+
+    # ----------------------------------------------------------------------------------- status
+    def pid(self) -> int | None:
+        """Pid of our broker if it is alive and really ours, else None (stale pid files removed)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if _is_our_kafka(pid, self._props):
+            return pid
+        with contextlib.suppress(OSError):
+            self.pid_file.unlink()
+        return None
+
+    def status(self) -> BrokerStatus:
+        """Whether our process runs and whether a broker answers at the address."""
+        pid = self.pid()
+        return BrokerStatus(
+            bootstrap=self.bootstrap,
+            running=pid is not None,
+            pid=pid,
+            answering=broker_answers(self.bootstrap, timeout=2.0),
+            state_dir=self.state_dir,
+        )
+
+    # ------------------------------------------------------------------------------------ start
+    def start(self, distribution: KafkaDistribution, *, timeout: float = 90.0) -> StartResult:
+        """Start the broker unless ours already runs; return once it answers metadata requests."""
+        began = time.monotonic()
+        pid = self.pid()
+        if pid is not None:
+            self._wait_ready(pid, began + timeout)
+            return StartResult(self.bootstrap, pid, True, time.monotonic() - began)
+        for p in (self.port, self.controller_port):
+            if _port_taken(self.host, p):
+                raise CacheRouteError(
+                    f"{self.host}:{p} is already in use by another process, not a broker started "
+                    f"from {self.state_dir}. Stop it, or pick another address, e.g. "
+                    "CACHEROUTE_BOOTSTRAP=127.0.0.1:19092"
+                )
+        java = find_java()
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._props.write_text(
+            render_server_properties(
+                host=self.host,
+                port=self.port,
+                controller_port=self.controller_port,
+                data_dir=self._data.resolve(),
+            )
+        )
+        log4j = self.state_dir / "log4j2.properties"
+        log4j.write_text(render_log4j2(self.log_file.resolve()))
+        jvm_log = f"-Dlog4j2.configurationFile={log4j.resolve()}"
+        if not (self._data / "meta.properties").exists():
+            self._format(java, distribution, jvm_log)
+        argv = [
+            str(java),
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            jvm_log,
+            "-cp",
+            distribution.classpath,
+            "kafka.Kafka",
+            str(self._props.resolve()),
+        ]
+        with self.stdout_file.open("ab") as out:
+            # posix_spawn with setsid: the JVM outlives this CLI process in its own session, and no
+            # Popen object is left behind to warn about a child that is still running.
+            pid = os.posix_spawn(
+                argv[0],
+                argv,
+                dict(os.environ),
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out.fileno(), 1),
+                    (os.POSIX_SPAWN_DUP2, out.fileno(), 2),
+                ],
+                setsid=True,
+            )
+        self.pid_file.write_text(f"{pid}\n")
+        self._wait_ready(pid, began + timeout)
+        return StartResult(self.bootstrap, pid, False, time.monotonic() - began)
+
+    def _format(self, java: Path, distribution: KafkaDistribution, jvm_log: str) -> None:
+        cluster_id = _kraft_cluster_id()
+        proc = subprocess.run(
+            [
+                str(java),
+                jvm_log,
+                "-cp",
+                distribution.classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(self._props.resolve()),
+                "--standalone",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+            raise CacheRouteError(f"formatting the KRaft log dir {self._data} failed:\n{tail}")
+
+    def _wait_ready(self, pid: int, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                self.pid_file.unlink(missing_ok=True)
+                raise CacheRouteError(
+                    f"the broker exited during start-up. Last lines of {self.stdout_file} and "
+                    f"{self.log_file}:\n{self.tail(20)}"
+                )
+            if broker_answers(self.bootstrap, timeout=2.0):
+                return
+            time.sleep(0.25)
+        raise CacheRouteError(
+            f"the broker (pid {pid}) did not answer at {self.bootstrap} in time; it is left "
+            f"running — see `cacheroute kafka logs` ({self.log_file})",
+            retriable=True,
+        )
+
+    # ------------------------------------------------------------------------------------- stop
+    def stop(self, *, timeout: float = 60.0) -> int | None:
+        """Stop our broker (SIGTERM, then SIGKILL after `timeout`); return its pid, or None."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+        return pid
+
+    # ------------------------------------------------------------------------------------- logs
+    def tail(self, lines: int = 50) -> str:
+        """The last `lines` lines of the JVM output and the broker log."""
+        parts = []
+        for path in (self.stdout_file, self.log_file):
+            if path.exists():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                if text:
+                    parts.append(f"==> {path} <==\n" + "\n".join(text))
+        return "\n".join(parts) or "(no log output yet)"
+
+
+def _resolve_host(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _kraft_cluster_id() -> str:
+    """A random KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    import base64  # noqa: PLC0415 - only needed once per data dir
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; reaps it if it is our exited child (so it does not linger as zombie)."""
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _is_our_kafka(pid: int, props: Path) -> bool:
+    if not _alive(pid):
+        return False
+    args = _cmdline(pid)
+    return "kafka.Kafka" in args and str(props.resolve()) in args
+
+
+def _cmdline(pid: int) -> list[str]:
+    """Arguments of a process: /proc on Linux, `ps` elsewhere (macOS)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "command=", "-p", str(pid)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return out.stdout.split()

@@ -1,0 +1,150 @@
+"""One settings object for every CacheRoute process.
+
+Values come from defaults, then `CACHEROUTE_*` environment variables, then CLI flags (highest).
+It is a frozen dataclass passed to whatever needs it — no module globals — so tests build their own
+(`Settings(topic_prefix="test-1234.")`) without touching the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cacheroute.errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "Settings", "default_home"]
+
+ENV_PREFIX = "CACHEROUTE_"
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def default_home() -> Path:
+    """Where CacheRoute keeps downloaded broker jars and local broker state."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "cacheroute"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob that more than one component reads. Field `foo_bar` <- env `CACHEROUTE_FOO_BAR`."""
+
+    bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap address (host:port). The local broker listens exactly here."""
+
+    topic_prefix: str = ""
+    """Prepended to every topic name (tests use a unique prefix per run)."""
+    requests_topic: str = "requests"
+    rates_topic: str = "rates"
+    plans_topic: str = "plans"
+    dead_letter_topic: str = "dead-letter"
+
+    requests_partitions: int = 8
+    rates_partitions: int = 4
+    dead_letter_partitions: int = 1
+    retention_ms: int = DAY_MS
+    """Retention of the delete-policy topics (requests, rates, dead-letter)."""
+    plans_segment_ms: int = 60_000
+    """Segment roll time of the compacted plans topic; only closed segments are compacted."""
+    plans_min_cleanable_dirty_ratio: float = 0.01
+    plans_delete_retention_ms: int = 3_600_000
+    """How long tombstones stay readable on `plans` (a consumer slower than this may miss one)."""
+
+    home: Path = field(default_factory=default_home)
+    """Cache of broker jars and local broker state (data, logs, pid file)."""
+    kafka_version: str = "4.1.1"
+    """Apache Kafka version the local broker runs (fetched from Maven Central when not cached)."""
+    kafka_home: Path | None = None
+    """An unpacked Apache Kafka release to use instead of downloading (env: KAFKA_HOME)."""
+    kafka_source: str = "auto"
+    """Where to get the broker jars when not cached: auto, maven or tarball."""
+    kafka_mirror: str = "https://archive.apache.org/dist/kafka"
+    """Base URL of Apache Kafka release tarballs (source `tarball`)."""
+    kafka_heap: str = "512m"
+    """Java heap of the local broker."""
+
+    @property
+    def topics(self) -> dict[str, str]:
+        """Logical topic role -> actual topic name (prefix applied)."""
+        return {
+            "requests": self.topic_prefix + self.requests_topic,
+            "rates": self.topic_prefix + self.rates_topic,
+            "plans": self.topic_prefix + self.plans_topic,
+            "dead_letter": self.topic_prefix + self.dead_letter_topic,
+        }
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """The bootstrap address split into host and port (first address if several)."""
+        first = self.bootstrap.split(",")[0].strip()
+        host, sep, port = first.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(
+                f"bootstrap address {self.bootstrap!r} is not host:port "
+                f"(set {ENV_PREFIX}BOOTSTRAP or --bootstrap, e.g. 127.0.0.1:9092)"
+            )
+        return host.strip("[]"), int(port)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, overridden by `CACHEROUTE_*` variables, overridden by non-None `overrides`."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, f.type, raw)
+        if "kafka_home" not in values and env.get("KAFKA_HOME"):
+            values["kafka_home"] = Path(env["KAFKA_HOME"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Reject values that cannot work, naming the variable to fix."""
+        self.host_port  # noqa: B018 - parses the address, raises ConfigError if malformed
+        positive = (
+            "requests_partitions",
+            "rates_partitions",
+            "dead_letter_partitions",
+            "retention_ms",
+            "plans_segment_ms",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive")
+        if not 0.0 < self.plans_min_cleanable_dirty_ratio <= 1.0:
+            raise ConfigError(f"{ENV_PREFIX}PLANS_MIN_CLEANABLE_DIRTY_RATIO must be in (0, 1]")
+        if self.kafka_source not in ("auto", "maven", "tarball"):
+            raise ConfigError(f"{ENV_PREFIX}KAFKA_SOURCE must be auto, maven or tarball")
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """A copy with the non-None overrides applied (used for CLI flags)."""
+        changed = {k: v for k, v in overrides.items() if v is not None}
+        settings = dataclasses.replace(self, **changed) if changed else self
+        settings.validate()
+        return settings
+
+
+def _parse(name: str, type_name: Any, raw: str) -> Any:
+    """Parse one environment value by the field's annotation (annotations are strings here)."""
+    kind = str(type_name)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if "Path" in kind:
+            return Path(raw).expanduser()
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}") from None
+    return raw

@@ -1,0 +1,32 @@
+"""The one schema source of truth: Avro `.avsc` files, their Python record mirrors, and the codec.
+
+Every producer and consumer in CacheRoute encodes and decodes through `codec_for(RecordType)`.
+"""
+
+from cacheroute.schemas.codec import MARKER, RecordCodec, codec_for, decode_any, load_schema
+from cacheroute.schemas.errors import SchemaError
+from cacheroute.schemas.records import (
+    Destination,
+    KeyRate,
+    PlanChunk,
+    PlanEntry,
+    PlanHeader,
+    PlanParams,
+    RequestEvent,
+)
+
+__all__ = [
+    "MARKER",
+    "Destination",
+    "KeyRate",
+    "PlanChunk",
+    "PlanEntry",
+    "PlanHeader",
+    "PlanParams",
+    "RecordCodec",
+    "RequestEvent",
+    "SchemaError",
+    "codec_for",
+    "decode_any",
+    "load_schema",
+]

@@ -1,0 +1,252 @@
+"""Encoding and decoding of CacheRoute records: Avro single-object encoding, plus a JSON form.
+
+Wire format (Avro specification, "Single object encoding"): two marker bytes `C3 01`, the 8-byte
+little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form, then the
+schemaless Avro binary body. Why this rather than a bare format byte or the Confluent wire format:
+it needs no schema registry (the Confluent format carries a registry id), it is a standard that
+Java's `BinaryMessageDecoder` and other Avro libraries read, and the fingerprint tells a decoder
+*which* schema wrote the bytes, so a record sent to the wrong topic or written by an unknown schema
+version fails with a clear `SchemaError` instead of decoding into nonsense.
+
+This is the only module that imports fastavro and orjson. Schemas are read from the `.avsc` files
+next to this module and parsed once per process.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+import fastavro
+import fastavro.validation
+import orjson
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from cacheroute.schemas.convert import from_dict, to_dict
+from cacheroute.schemas.errors import SchemaError
+from cacheroute.schemas.records import KeyRate, PlanChunk, PlanHeader, RequestEvent
+
+__all__ = [
+    "MARKER",
+    "SCHEMA_FILES",
+    "RecordCodec",
+    "codec_for",
+    "decode_any",
+    "load_schema",
+]
+
+R = TypeVar("R")
+
+MARKER = b"\xc3\x01"
+"""Avro single-object encoding marker."""
+_HEADER_LEN = len(MARKER) + 8
+
+SCHEMA_FILES: dict[type[Any], str] = {
+    RequestEvent: "request_event.avsc",
+    KeyRate: "key_rate.avsc",
+    PlanHeader: "plan_header.avsc",
+    PlanChunk: "plan_chunk.avsc",
+}
+"""Top-level record types and the schema file that defines each."""
+
+
+@cache
+def load_schema(filename: str) -> dict[str, Any]:
+    """The JSON schema as written in the `.avsc` file (docs and logical types included)."""
+    text = resources.files("cacheroute.schemas").joinpath(filename).read_bytes()
+    schema = orjson.loads(text)
+    if not isinstance(schema, dict):
+        raise SchemaError(f"{filename} is not an Avro record schema")
+    return schema
+
+
+def _strip_logical_types(node: Any) -> Any:
+    """Copy of a schema without `logicalType` annotations.
+
+    Timestamps travel as Avro `long` (timestamp-millis); the codebase works in integer ms, and letting
+    fastavro turn them into `datetime` objects and back would cost time on the request path for
+    nothing. The annotation stays in the `.avsc` file for other readers; it does not change the bytes
+    or the fingerprint (the Parsing Canonical Form drops it).
+    """
+    if isinstance(node, dict):
+        return {k: _strip_logical_types(v) for k, v in node.items() if k != "logicalType"}
+    if isinstance(node, list):
+        return [_strip_logical_types(v) for v in node]
+    return node
+
+
+@dataclass(frozen=True)
+class RecordCodec(Generic[R]):
+    """Encoder/decoder for one record type; get one with `codec_for(RecordType)`."""
+
+    record_type: type[R]
+    name: str
+    parsed: Any
+    fingerprint: bytes
+
+    @property
+    def prefix(self) -> bytes:
+        """The 10 bytes every encoded record of this type starts with."""
+        return MARKER + self.fingerprint
+
+    def encode(self, record: R) -> bytes:
+        """Single-object encoding of `record`; a value that does not fit the schema is a SchemaError."""
+        buf = io.BytesIO()
+        buf.write(MARKER)
+        buf.write(self.fingerprint)
+        try:
+            fastavro.schemaless_writer(buf, self.parsed, to_dict(record))
+        except Exception as exc:  # fastavro raises ValueError/TypeError/OverflowError/...
+            raise SchemaError(f"value does not fit the schema: {exc}", schema=self.name) from exc
+        return buf.getvalue()
+
+    def decode(
+        self,
+        data: bytes,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> R:
+        """Decode bytes written by `encode`. Anything else raises SchemaError naming its location."""
+
+        def fail(reason: str) -> SchemaError:
+            return SchemaError(
+                reason, schema=self.name, topic=topic, partition=partition, offset=offset
+            )
+
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise fail(f"expected bytes, got {type(data).__name__}")
+        if len(data) < _HEADER_LEN:
+            raise fail(f"truncated record: {len(data)} bytes, the header alone is {_HEADER_LEN}")
+        if data[:2] != MARKER:
+            raise fail(f"unknown format marker {bytes(data[:2]).hex()} (expected c301)")
+        if data[2:_HEADER_LEN] != self.fingerprint:
+            other = _by_fingerprint().get(bytes(data[2:_HEADER_LEN]))
+            if other is not None:
+                raise fail(f"record is a {other.name}, not a {self.name}")
+            raise fail(f"unknown schema fingerprint {bytes(data[2:_HEADER_LEN]).hex()}")
+        return self._decode_body(data, fail)
+
+    def _decode_body(self, data: bytes | bytearray | memoryview, fail: Any) -> R:
+        buf = io.BytesIO(data)
+        buf.seek(_HEADER_LEN)
+        try:
+            value = fastavro.schemaless_reader(buf, self.parsed, None)
+        except EOFError as exc:
+            raise fail(f"truncated record ({exc or 'ran out of bytes'})") from exc
+        except Exception as exc:  # garbage: bad union index, invalid UTF-8, overflow, ...
+            raise fail(f"malformed body: {type(exc).__name__}: {exc}") from exc
+        if buf.tell() != len(data):
+            raise fail(f"{len(data) - buf.tell()} trailing bytes after the record")
+        if not isinstance(value, dict):
+            raise fail("body is not a record")
+        return from_dict(self.record_type, value)
+
+    def to_json(self, record: R) -> bytes:
+        """The record as compact JSON (field names as in the schema, optional fields as null)."""
+        return orjson.dumps(to_dict(record))
+
+    def from_json(self, data: bytes | str) -> R:
+        """Parse and validate the JSON form; missing optional fields take their schema defaults."""
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise SchemaError(f"invalid JSON: {exc}", schema=self.name) from exc
+        if not isinstance(value, dict):
+            raise SchemaError("JSON form must be an object", schema=self.name)
+        value = _fill_defaults(self.parsed, value)
+        try:
+            fastavro.validation.validate(value, self.parsed, raise_errors=True)
+        except Exception as exc:
+            raise SchemaError(f"JSON does not fit the schema: {exc}", schema=self.name) from exc
+        return from_dict(self.record_type, value)
+
+
+def _fill_defaults(schema: Any, value: dict[str, Any]) -> dict[str, Any]:
+    """Add schema defaults for absent fields of a record (and of nested records)."""
+    out = dict(value)
+    for f in schema.get("fields", []):
+        name = f["name"]
+        if name not in out:
+            if "default" in f:
+                out[name] = f["default"]
+            continue
+        ftype = f["type"]
+        if isinstance(ftype, dict) and ftype.get("type") == "record" and isinstance(out[name], dict):
+            out[name] = _fill_defaults(ftype, out[name])
+        elif (
+            isinstance(ftype, dict)
+            and ftype.get("type") == "array"
+            and isinstance(ftype.get("items"), dict)
+            and ftype["items"].get("type") == "record"
+            and isinstance(out[name], list)
+        ):
+            out[name] = [
+                _fill_defaults(ftype["items"], x) if isinstance(x, dict) else x for x in out[name]
+            ]
+    return out
+
+
+@cache
+def codec_for(record_type: type[R]) -> RecordCodec[R]:
+    """The (cached) codec of a top-level record type such as `RequestEvent`."""
+    try:
+        filename = SCHEMA_FILES[record_type]
+    except KeyError:
+        raise SchemaError(f"{record_type.__name__} is not a top-level CacheRoute record") from None
+    raw = load_schema(filename)
+    parsed = fastavro.parse_schema(_strip_logical_types(raw))
+    pcf = to_parsing_canonical_form(raw)
+    fp = bytes.fromhex(fingerprint(pcf, "CRC-64-AVRO"))
+    name = f"{raw.get('namespace', '')}.{raw['name']}".lstrip(".")
+    return RecordCodec(record_type=record_type, name=name, parsed=parsed, fingerprint=fp)
+
+
+@cache
+def _by_fingerprint() -> dict[bytes, RecordCodec[Any]]:
+    return {c.fingerprint: c for c in (codec_for(t) for t in SCHEMA_FILES)}
+
+
+def decode_any(
+    data: bytes,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> RequestEvent | KeyRate | PlanHeader | PlanChunk:
+    """Decode a record of any CacheRoute type, chosen by the fingerprint in its header.
+
+    Used where one topic carries several record types (plan headers and chunks) and by tools that
+    inspect topics.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview) or len(data) < _HEADER_LEN:
+        size = len(data) if isinstance(data, bytes | bytearray | memoryview) else 0
+        raise SchemaError(
+            f"truncated record: {size} bytes, the header alone is {_HEADER_LEN}",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+    if data[:2] != MARKER:
+        raise SchemaError(
+            f"unknown format marker {bytes(data[:2]).hex()} (expected c301)",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+    codec = _by_fingerprint().get(bytes(data[2:_HEADER_LEN]))
+    if codec is None:
+        raise SchemaError(
+            f"unknown schema fingerprint {bytes(data[2:_HEADER_LEN]).hex()}",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+    result: RequestEvent | KeyRate | PlanHeader | PlanChunk = codec.decode(
+        data, topic=topic, partition=partition, offset=offset
+    )
+    return result
