@@ -1,0 +1,42 @@
+"""Every command and group answers --help (users first), and errors come without a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from cacheroute.cli.main import cli
+
+
+def _all_command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [prefix]
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            paths.extend(_all_command_paths(command, (*prefix, name)))
+        else:
+            paths.append((*prefix, name))
+    return paths
+
+
+@pytest.mark.parametrize("path", _all_command_paths(cli), ids=lambda p: " ".join(p) or "cacheroute")
+def test_help_everywhere(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+    assert len(result.output.splitlines()) > 3
+
+
+def test_operational_error_is_one_clear_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cacheroute", "--bootstrap", "nonsense", "kafka", "status"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "is not host:port" in proc.stderr
+    assert "Traceback" not in proc.stderr
