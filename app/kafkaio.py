@@ -70,7 +70,9 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     return config
 
 
-def consumer_config(settings: Settings, group_id: str | None = None, **extra: Any) -> dict[str, Any]:
+def consumer_config(
+    settings: Settings, group_id: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """A consumer that reads from the earliest offset and commits only when told to."""
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap,
@@ -85,7 +87,11 @@ def consumer_config(settings: Settings, group_id: str | None = None, **extra: An
 
 
 def produce_sync(
-    producer: Producer, topic: str, value: bytes | None, key: bytes | None = None, timeout: float = 30
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None = None,
+    timeout: float = 30,
 ) -> KafkaRecord:
     """Produce one record and wait for its delivery report; return where it landed."""
     result: list[Message] = []
@@ -118,7 +124,9 @@ def read_partition(
     consumer = Consumer(consumer_config(settings, group_id=f"cacheroute-reader-{time.time_ns()}"))
     records: list[KafkaRecord] = []
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout
+        )
         if high <= max(low, start):
             return records
         consumer.assign([TopicPartition(topic, partition, max(start, low))])

@@ -107,7 +107,10 @@ def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> list[TopicOut
     missing = [s for s in specs if s.name not in existing]
     if missing:
         futures = admin.create_topics(
-            [NewTopic(s.name, s.partitions, replication_factor=-1, config=s.config) for s in missing],
+            [
+                NewTopic(s.name, s.partitions, replication_factor=-1, config=s.config)
+                for s in missing
+            ],
             operation_timeout=timeout,
         )
         for spec in missing:

@@ -18,7 +18,7 @@ import io
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import fastavro
 import fastavro.validation
@@ -104,7 +104,9 @@ class RecordCodec(Generic[R]):
             try:
                 fastavro.validation.validate(value, self.parsed, raise_errors=True)
             except Exception as exc:
-                raise SchemaError(f"value does not fit the schema: {exc}", schema=self.name) from exc
+                raise SchemaError(
+                    f"value does not fit the schema: {exc}", schema=self.name
+                ) from exc
         buf = io.BytesIO()
         buf.write(MARKER)
         buf.write(self.fingerprint)
@@ -116,7 +118,7 @@ class RecordCodec(Generic[R]):
 
     def decode(
         self,
-        data: bytes,
+        data: bytes | bytearray | memoryview | None,
         *,
         topic: str | None = None,
         partition: int | None = None,
@@ -129,8 +131,8 @@ class RecordCodec(Generic[R]):
                 reason, schema=self.name, topic=topic, partition=partition, offset=offset
             )
 
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise fail(f"expected bytes, got {type(data).__name__}")
+        if data is None:
+            raise fail("no value (a tombstone or an empty message)")
         if len(data) < _HEADER_LEN:
             raise fail(f"truncated record: {len(data)} bytes, the header alone is {_HEADER_LEN}")
         if data[:2] != MARKER:
@@ -148,7 +150,7 @@ class RecordCodec(Generic[R]):
         try:
             value = fastavro.schemaless_reader(buf, self.parsed, None)
         except EOFError as exc:
-            raise fail(f"truncated record ({exc or 'ran out of bytes'})") from exc
+            raise fail(f"truncated record ({str(exc) or 'ran out of bytes'})") from exc
         except Exception as exc:  # garbage: bad union index, invalid UTF-8, overflow, ...
             raise fail(f"malformed body: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data):
@@ -191,7 +193,11 @@ def _fill_defaults(schema: Any, value: dict[str, Any]) -> dict[str, Any]:
                 out[name] = f["default"]
             continue
         ftype = f["type"]
-        if isinstance(ftype, dict) and ftype.get("type") == "record" and isinstance(out[name], dict):
+        if (
+            isinstance(ftype, dict)
+            and ftype.get("type") == "record"
+            and isinstance(out[name], dict)
+        ):
             out[name] = _fill_defaults(ftype, out[name])
         elif (
             isinstance(ftype, dict)
@@ -206,9 +212,15 @@ def _fill_defaults(schema: Any, value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@cache
+_CODECS: dict[type[Any], RecordCodec[Any]] = {}
+"""Codecs built so far: each schema is parsed once per process (a memo, not configuration)."""
+
+
 def codec_for(record_type: type[R]) -> RecordCodec[R]:
     """The (cached) codec of a top-level record type such as `RequestEvent`."""
+    cached = _CODECS.get(record_type)
+    if cached is not None:
+        return cast(RecordCodec[R], cached)
     try:
         filename = SCHEMA_FILES[record_type]
     except KeyError:
@@ -218,7 +230,9 @@ def codec_for(record_type: type[R]) -> RecordCodec[R]:
     pcf = to_parsing_canonical_form(raw)
     fp = bytes.fromhex(fingerprint(pcf, "CRC-64-AVRO"))
     name = f"{raw.get('namespace', '')}.{raw['name']}".lstrip(".")
-    return RecordCodec(record_type=record_type, name=name, parsed=parsed, fingerprint=fp)
+    codec = RecordCodec(record_type=record_type, name=name, parsed=parsed, fingerprint=fp)
+    _CODECS[record_type] = codec
+    return codec
 
 
 @cache
@@ -227,7 +241,7 @@ def _by_fingerprint() -> dict[bytes, RecordCodec[Any]]:
 
 
 def decode_any(
-    data: bytes,
+    data: bytes | bytearray | memoryview | None,
     *,
     topic: str | None = None,
     partition: int | None = None,
@@ -238,10 +252,16 @@ def decode_any(
     Used where one topic carries several record types (plan headers and chunks) and by tools that
     inspect topics.
     """
-    if not isinstance(data, bytes | bytearray | memoryview) or len(data) < _HEADER_LEN:
-        size = len(data) if isinstance(data, bytes | bytearray | memoryview) else 0
+    if data is None:
         raise SchemaError(
-            f"truncated record: {size} bytes, the header alone is {_HEADER_LEN}",
+            "no value (a tombstone or an empty message)",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+    if len(data) < _HEADER_LEN:
+        raise SchemaError(
+            f"truncated record: {len(data)} bytes, the header alone is {_HEADER_LEN}",
             topic=topic,
             partition=partition,
             offset=offset,

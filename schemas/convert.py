@@ -12,7 +12,6 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from functools import cache
 from typing import Any, TypeVar, cast
 
 __all__ = ["from_dict", "to_dict"]
@@ -53,7 +52,11 @@ def _converters(annotation: Any) -> tuple[_ToDict, _FromDict] | None:
     return None
 
 
-@cache
+_TO_DICT: dict[type[Any], _ToDict] = {}
+_FROM_DICT: dict[type[Any], _FromDict] = {}
+"""Converters per record class, built on first use (a memo, not configuration)."""
+
+
 def _field_converters(cls: type) -> tuple[tuple[str, ...], dict[str, tuple[_ToDict, _FromDict]]]:
     hints = typing.get_type_hints(cls)
     names = tuple(f.name for f in dataclasses.fields(cls))
@@ -65,22 +68,30 @@ def _field_converters(cls: type) -> tuple[tuple[str, ...], dict[str, tuple[_ToDi
     return names, special
 
 
-@cache
 def _record_to_dict(cls: type) -> _ToDict:
-    names, special = _field_converters(cls)
-    if not special:
-        return lambda r: {n: getattr(r, n) for n in names}
-    funcs = tuple((n, special[n][0] if n in special else _identity) for n in names)
-    return lambda r: {n: f(getattr(r, n)) for n, f in funcs}
+    conv = _TO_DICT.get(cls)
+    if conv is None:
+        names, special = _field_converters(cls)
+        if not special:
+            conv = lambda r: {n: getattr(r, n) for n in names}  # noqa: E731
+        else:
+            funcs = tuple((n, special[n][0] if n in special else _identity) for n in names)
+            conv = lambda r: {n: f(getattr(r, n)) for n, f in funcs}  # noqa: E731
+        _TO_DICT[cls] = conv
+    return conv
 
 
-@cache
 def _record_from_dict(cls: type) -> _FromDict:
-    names, special = _field_converters(cls)
-    if not special:
-        return lambda d: cls(**d)
-    funcs = tuple((n, special[n][1] if n in special else _identity) for n in names)
-    return lambda d: cls(**{n: f(d[n]) for n, f in funcs if n in d})
+    conv = _FROM_DICT.get(cls)
+    if conv is None:
+        names, special = _field_converters(cls)
+        if not special:
+            conv = lambda d: cls(**d)  # noqa: E731
+        else:
+            funcs = tuple((n, special[n][1] if n in special else _identity) for n in names)
+            conv = lambda d: cls(**{n: f(d[n]) for n, f in funcs if n in d})  # noqa: E731
+        _FROM_DICT[cls] = conv
+    return conv
 
 
 def to_dict(record: object) -> dict[str, Any]:

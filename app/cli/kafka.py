@@ -35,7 +35,9 @@ def kafka() -> None:
 
 
 @kafka.command()
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait until it answers.")
+@click.option(
+    "--timeout", default=120.0, show_default=True, help="Seconds to wait until it answers."
+)
 @click.option(
     "--source",
     type=click.Choice(["auto", "maven", "tarball"]),
@@ -85,8 +87,10 @@ def stop(settings: Settings, timeout: float) -> None:
     if pid is None:
         click.echo(f"No broker started by cacheroute runs at {broker.bootstrap}; nothing to stop.")
     else:
-        click.echo(f"Stopped the broker at {broker.bootstrap} (pid {pid}); data kept in "
-                   f"{broker.state_dir}.")
+        click.echo(
+            f"Stopped the broker at {broker.bootstrap} (pid {pid}); data kept in "
+            f"{broker.state_dir}."
+        )
 
 
 @kafka.command()

@@ -49,7 +49,7 @@ class BrokerStatus:
 
 def broker_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     """True when a Kafka broker at `bootstrap` answers a metadata request within `timeout`."""
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    host, _, port = bootstrap.split(",", maxsplit=1)[0].rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout, 1.0)):
             pass

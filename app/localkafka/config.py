@@ -41,7 +41,9 @@ def render_server_properties(
         "log.retention.check.interval.ms": "30000",
     }
     body = "\n".join(f"{k}={v}" for k, v in lines.items())
-    return f"# Written by `cacheroute kafka start`; edits are overwritten at the next start.\n{body}\n"
+    return (
+        f"# Written by `cacheroute kafka start`; edits are overwritten at the next start.\n{body}\n"
+    )
 
 
 def render_log4j2(log_file: Path) -> str:

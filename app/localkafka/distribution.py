@@ -37,8 +37,8 @@ from cacheroute.settings import Settings
 __all__ = [
     "KafkaDistribution",
     "extract_libs",
-    "fetch_with_maven",
     "fetch_tarball",
+    "fetch_with_maven",
     "find_java",
     "resolve_distribution",
 ]
@@ -105,7 +105,9 @@ def _version_of_libs(libs: Path) -> str | None:
     return None
 
 
-def resolve_distribution(settings: Settings, *, console: Console | None = None) -> KafkaDistribution:
+def resolve_distribution(
+    settings: Settings, *, console: Console | None = None
+) -> KafkaDistribution:
     """Find or fetch the broker's jars as described in the module docstring."""
     console = console or Console(stderr=True)
     if settings.kafka_home is not None:
@@ -134,7 +136,9 @@ def resolve_distribution(settings: Settings, *, console: Console | None = None) 
         else:
             fetch_tarball(settings.kafka_version, settings.kafka_mirror, staging, console=console)
         if _version_of_libs(staging) != settings.kafka_version:
-            raise CacheRouteError(f"fetched jars do not contain kafka_2.13-{settings.kafka_version}")
+            raise CacheRouteError(
+                f"fetched jars do not contain kafka_2.13-{settings.kafka_version}"
+            )
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
@@ -260,7 +264,12 @@ def extract_libs(tgz: Path, dest: Path) -> None:
     with tarfile.open(tgz, "r:gz") as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
-            if len(parts) == 3 and parts[1] == "libs" and member.isfile() and parts[2].endswith(".jar"):
+            if (
+                len(parts) == 3
+                and parts[1] == "libs"
+                and member.isfile()
+                and parts[2].endswith(".jar")
+            ):
                 src = tar.extractfile(member)
                 if src is None:
                     continue

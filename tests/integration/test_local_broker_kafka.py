@@ -89,7 +89,9 @@ def test_stale_pid_file_is_never_signalled(tmp_path: Path) -> None:
     assert not broker.pid_file.exists()
 
 
-def test_port_taken_by_a_stranger_is_a_clear_error(tmp_path: Path, kafka_settings: Settings) -> None:
+def test_port_taken_by_a_stranger_is_a_clear_error(
+    tmp_path: Path, kafka_settings: Settings
+) -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()

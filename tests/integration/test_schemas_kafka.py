@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from cacheroute.kafkaio import produce_sync, producer_config, read_partition

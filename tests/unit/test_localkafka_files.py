@@ -119,5 +119,5 @@ def test_kafka_home_is_used_as_is(tmp_path: Path) -> None:
     (tmp_path / "libs" / "kafka_2.13-4.0.0.jar").write_bytes(b"")
     dist = resolve_distribution(Settings.from_env({"KAFKA_HOME": str(tmp_path)}))
     assert (dist.version, dist.source, dist.libs) == ("4.0.0", "KAFKA_HOME", tmp_path / "libs")
-    with pytest.raises(CacheRouteError, match="no libs/kafka_2.13"):
+    with pytest.raises(CacheRouteError, match=r"no libs/kafka_2\.13"):
         resolve_distribution(Settings.from_env({"KAFKA_HOME": str(tmp_path / "empty")}))

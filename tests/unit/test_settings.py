@@ -28,7 +28,7 @@ def test_environment_then_overrides() -> None:
         "CACHEROUTE_TOPIC_PREFIX": "t1.",
         "CACHEROUTE_REQUESTS_PARTITIONS": "3",
         "CACHEROUTE_PLANS_MIN_CLEANABLE_DIRTY_RATIO": "0.5",
-        "CACHEROUTE_HOME": "/var/tmp/cr",
+        "CACHEROUTE_HOME": "/srv/cacheroute",
         "KAFKA_HOME": "/opt/kafka",
     }
     s = Settings.from_env(env, topic_prefix="t2.", bootstrap=None)
@@ -36,7 +36,7 @@ def test_environment_then_overrides() -> None:
     assert s.topic_prefix == "t2."  # flag beats environment; None means "flag not given"
     assert s.requests_partitions == 3
     assert s.plans_min_cleanable_dirty_ratio == 0.5
-    assert s.home == Path("/var/tmp/cr")
+    assert s.home == Path("/srv/cacheroute")
     assert s.kafka_home == Path("/opt/kafka")
     assert s.topics["plans"] == "t2.plans"
     assert s.host_port == ("127.0.0.1", 19092)
