@@ -12,7 +12,9 @@ from cacheroute.schemas.records import (
     PlanEntry,
     PlanHeader,
     PlanParams,
+    RequestBatch,
     RequestEvent,
+    RequestSummary,
 )
 
 __all__ = [
@@ -24,7 +26,9 @@ __all__ = [
     "PlanHeader",
     "PlanParams",
     "RecordCodec",
+    "RequestBatch",
     "RequestEvent",
+    "RequestSummary",
     "SchemaError",
     "codec_for",
     "decode_any",

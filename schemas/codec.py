@@ -27,7 +27,14 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from cacheroute.schemas.convert import from_dict, to_dict
 from cacheroute.schemas.errors import SchemaError
-from cacheroute.schemas.records import KeyRate, PlanChunk, PlanHeader, RequestEvent
+from cacheroute.schemas.records import (
+    KeyRate,
+    PlanChunk,
+    PlanHeader,
+    RequestBatch,
+    RequestEvent,
+    RequestSummary,
+)
 
 __all__ = [
     "MARKER",
@@ -40,6 +47,9 @@ __all__ = [
 
 R = TypeVar("R")
 
+AnyRecord = RequestEvent | KeyRate | PlanHeader | PlanChunk | RequestBatch | RequestSummary
+"""Any top-level CacheRoute record."""
+
 MARKER = b"\xc3\x01"
 """Avro single-object encoding marker."""
 _HEADER_LEN = len(MARKER) + 8
@@ -49,6 +59,8 @@ SCHEMA_FILES: dict[type[Any], str] = {
     KeyRate: "key_rate.avsc",
     PlanHeader: "plan_header.avsc",
     PlanChunk: "plan_chunk.avsc",
+    RequestBatch: "request_batch.avsc",
+    RequestSummary: "request_summary.avsc",
 }
 """Top-level record types and the schema file that defines each."""
 
@@ -246,7 +258,7 @@ def decode_any(
     topic: str | None = None,
     partition: int | None = None,
     offset: int | None = None,
-) -> RequestEvent | KeyRate | PlanHeader | PlanChunk:
+) -> AnyRecord:
     """Decode a record of any CacheRoute type, chosen by the fingerprint in its header.
 
     Used where one topic carries several record types (plan headers and chunks) and by tools that
@@ -281,7 +293,5 @@ def decode_any(
             partition=partition,
             offset=offset,
         )
-    result: RequestEvent | KeyRate | PlanHeader | PlanChunk = codec.decode(
-        data, topic=topic, partition=partition, offset=offset
-    )
+    result: AnyRecord = codec.decode(data, topic=topic, partition=partition, offset=offset)
     return result

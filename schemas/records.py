@@ -17,7 +17,9 @@ __all__ = [
     "PlanEntry",
     "PlanHeader",
     "PlanParams",
+    "RequestBatch",
     "RequestEvent",
+    "RequestSummary",
 ]
 
 
@@ -101,3 +103,66 @@ class PlanChunk:
     version: int
     index: int
     entries: list[PlanEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBatch:
+    """Column-wise batch of request events (schema `cacheroute.RequestBatch`).
+
+    Column i of each list belongs to event i. Optional columns are None when no event has the value;
+    inside a present column, -1 (ints) or "" (destinations) or [] (hashes) marks a missing value.
+    """
+
+    gateway_id: str
+    seq: int
+    created_ms: int
+    keys: list[str]
+    event_time_ms: list[int]
+    prompt_tokens: list[int]
+    prefix_tokens: list[int] | None = None
+    cached_tokens: list[int] | None = None
+    destinations: list[str] | None = None
+    prefix_block_hashes: list[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def events(self) -> list[RequestEvent]:
+        """The batch as individual events (convenient, not fast: the agent reads the columns)."""
+        out = []
+        for i, key in enumerate(self.keys):
+            prefix = self.prefix_tokens[i] if self.prefix_tokens is not None else -1
+            cached = self.cached_tokens[i] if self.cached_tokens is not None else -1
+            dest = self.destinations[i] if self.destinations is not None else ""
+            hashes = self.prefix_block_hashes[i] if self.prefix_block_hashes is not None else []
+            out.append(
+                RequestEvent(
+                    key=key,
+                    event_time_ms=self.event_time_ms[i],
+                    gateway_id=self.gateway_id,
+                    prompt_tokens=self.prompt_tokens[i],
+                    prefix_tokens=None if prefix < 0 else prefix,
+                    prefix_block_hashes=hashes or None,
+                    destination=dest or None,
+                    cached_tokens=None if cached < 0 else cached,
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSummary:
+    """Per-key pre-aggregated requests of one tick (schema `cacheroute.RequestSummary`)."""
+
+    gateway_id: str
+    seq: int
+    created_ms: int
+    tick_start_ms: int
+    tick_end_ms: int
+    keys: list[str]
+    counts: list[int]
+    first_ms: list[int]
+    last_ms: list[int]
+    prompt_tokens_sum: list[int]
+    prefix_tokens_sum: list[int]
+    cached_tokens_sum: list[int]

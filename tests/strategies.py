@@ -11,7 +11,9 @@ from cacheroute.schemas import (
     PlanEntry,
     PlanHeader,
     PlanParams,
+    RequestBatch,
     RequestEvent,
+    RequestSummary,
 )
 
 INT = st.integers(-(2**31), 2**31 - 1)
@@ -75,7 +77,54 @@ plan_chunks = st.builds(
     ),
 )
 
+
+@st.composite
+def request_batches(draw: st.DrawFn) -> RequestBatch:
+    n = draw(st.integers(0, 6))
+
+    def column(items: st.SearchStrategy[object]) -> st.SearchStrategy[list[object]]:
+        return st.lists(items, min_size=n, max_size=n)
+
+    return RequestBatch(
+        gateway_id=draw(TEXT),
+        seq=draw(LONG),
+        created_ms=draw(LONG),
+        keys=draw(column(TEXT)),  # type: ignore[arg-type]
+        event_time_ms=draw(column(LONG)),  # type: ignore[arg-type]
+        prompt_tokens=draw(column(INT)),  # type: ignore[arg-type]
+        prefix_tokens=draw(st.none() | column(INT)),  # type: ignore[arg-type]
+        cached_tokens=draw(st.none() | column(INT)),  # type: ignore[arg-type]
+        destinations=draw(st.none() | column(TEXT)),  # type: ignore[arg-type]
+        prefix_block_hashes=draw(st.none() | column(st.lists(LONG, max_size=3))),  # type: ignore[arg-type]
+    )
+
+
+@st.composite
+def request_summaries(draw: st.DrawFn) -> RequestSummary:
+    n = draw(st.integers(0, 6))
+
+    def longs() -> list[int]:
+        return draw(st.lists(LONG, min_size=n, max_size=n))
+
+    return RequestSummary(
+        gateway_id=draw(TEXT),
+        seq=draw(LONG),
+        created_ms=draw(LONG),
+        tick_start_ms=draw(LONG),
+        tick_end_ms=draw(LONG),
+        keys=draw(st.lists(TEXT, min_size=n, max_size=n)),
+        counts=longs(),
+        first_ms=longs(),
+        last_ms=longs(),
+        prompt_tokens_sum=longs(),
+        prefix_tokens_sum=longs(),
+        cached_tokens_sum=longs(),
+    )
+
+
 ALL_RECORDS = {
+    RequestBatch: request_batches(),
+    RequestSummary: request_summaries(),
     RequestEvent: request_events,
     KeyRate: key_rates,
     PlanHeader: plan_headers,

@@ -17,6 +17,7 @@ from cacheroute.schemas import (
     PlanEntry,
     PlanHeader,
     PlanParams,
+    RequestBatch,
     RequestEvent,
     SchemaError,
     codec_for,
@@ -222,3 +223,22 @@ def test_tombstone_value_is_a_schema_error() -> None:
         codec_for(PlanHeader).decode(None, topic="plans", partition=0, offset=9)
     with pytest.raises(SchemaError, match=r"plans\[0\]@9"):
         decode_any(None, topic="plans", partition=0, offset=9)
+
+
+def test_batch_expands_to_events_with_missing_values() -> None:
+    batch = RequestBatch(
+        gateway_id="gw",
+        seq=0,
+        created_ms=10,
+        keys=["a", "b"],
+        event_time_ms=[5, 6],
+        prompt_tokens=[100, 200],
+        prefix_tokens=[50, -1],
+        destinations=["d1", ""],
+    )
+    assert codec_for(RequestBatch).decode(codec_for(RequestBatch).encode(batch)) == batch
+    assert batch.events() == [
+        RequestEvent("a", 5, "gw", 100, prefix_tokens=50, destination="d1"),
+        RequestEvent("b", 6, "gw", 200),
+    ]
+    assert len(batch) == 2

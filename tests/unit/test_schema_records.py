@@ -17,7 +17,9 @@ from cacheroute.schemas.records import (
     PlanEntry,
     PlanHeader,
     PlanParams,
+    RequestBatch,
     RequestEvent,
+    RequestSummary,
 )
 
 CLASSES = {
@@ -28,6 +30,8 @@ CLASSES = {
     "Destination": Destination,
     "PlanChunk": PlanChunk,
     "PlanEntry": PlanEntry,
+    "RequestBatch": RequestBatch,
+    "RequestSummary": RequestSummary,
 }
 PRIMITIVES = {"string": str, "int": int, "long": int, "double": float, "float": float}
 
