@@ -36,6 +36,11 @@ class KafkaRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The first header called `name`, or None."""
+        return next((v for k, v in self.headers if k == name), None)
 
     @property
     def where(self) -> str:
@@ -53,7 +58,14 @@ def to_record(msg: Message) -> KafkaRecord:
         key=msg.key(),
         value=msg.value(),
         timestamp_ms=ts,
+        headers=_headers(msg),
     )
+
+
+def _headers(msg: Message) -> tuple[tuple[str, bytes], ...]:
+    raw = msg.headers() or []
+    pairs = list(raw.items()) if isinstance(raw, dict) else list(raw)
+    return tuple((k, v if isinstance(v, bytes) else (v or "").encode()) for k, v in pairs)
 
 
 def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:

@@ -42,6 +42,8 @@ __all__ = [
     "RecordCodec",
     "codec_for",
     "decode_any",
+    "dump_json",
+    "load_json",
     "load_schema",
 ]
 
@@ -63,6 +65,19 @@ SCHEMA_FILES: dict[type[Any], str] = {
     RequestSummary: "request_summary.avsc",
 }
 """Top-level record types and the schema file that defines each."""
+
+
+def dump_json(value: Any) -> bytes:
+    """Compact JSON (orjson) for internal state such as stream-table values."""
+    return orjson.dumps(value)
+
+
+def load_json(data: bytes | bytearray | memoryview | str) -> Any:
+    """Parse JSON written by `dump_json`; malformed input is a SchemaError."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise SchemaError(f"invalid JSON: {exc}") from exc
 
 
 @cache

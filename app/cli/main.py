@@ -13,6 +13,7 @@ from rich.logging import RichHandler
 from cacheroute import __version__
 from cacheroute.cli.demo import demo
 from cacheroute.cli.kafka import kafka
+from cacheroute.cli.streams import streams
 from cacheroute.cli.topics import topics
 from cacheroute.errors import CacheRouteError
 from cacheroute.schemas import SchemaError
@@ -64,6 +65,7 @@ def cli(
 cli.add_command(kafka)
 cli.add_command(topics)
 cli.add_command(demo)
+cli.add_command(streams)
 
 
 def main() -> None:

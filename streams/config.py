@@ -1,0 +1,39 @@
+"""Configuration of the windowed rate aggregation (a frozen dataclass, passed in)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["StreamConfig"]
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Windowing and validation knobs of the streams agent.
+
+    Windows are tumbling, `window_ms` long (the planner's control interval), aligned to the epoch:
+    window `w` covers event times `[w, w + window_ms)`. A window closes — its `KeyRate` records are
+    emitted and its state dropped — once the partition's watermark (newest gateway time seen) reaches
+    `w + window_ms + grace_ms`; events for a window that has reached that point are late: counted
+    and dropped. `grace_ms` must cover gateway clock skew, emitter linger and transport delay.
+    """
+
+    window_ms: int = 60_000
+    grace_ms: int = 5_000
+    reorder_ms: int = 1_000
+    """How far behind the newest event an event may arrive and still enter the gap statistics."""
+    buckets: int = 64
+    """Table entries per window per partition; keys hash into buckets (see state.py)."""
+    max_key_bytes: int = 1024
+    max_future_ms: int = 60_000
+    """An event newer than its batch's seal time plus this is malformed (clock or encoding bug)."""
+    max_past_ms: int = 86_400_000
+    """An event older than its batch's seal time minus this is malformed, not merely late."""
+
+    def __post_init__(self) -> None:
+        if self.window_ms <= 0 or self.grace_ms < 0 or self.reorder_ms < 0 or self.buckets <= 0:
+            raise ValueError(
+                "window_ms and buckets must be positive; grace_ms and reorder_ms non-negative"
+            )
+        if self.reorder_ms > self.grace_ms:
+            raise ValueError("reorder_ms must not exceed grace_ms")

@@ -1,0 +1,335 @@
+"""The windowed per-key state of one `requests` partition — pure, no Kafka, no clock.
+
+The Faust agent (streams/app.py) owns one `PartitionState` per assigned partition. It applies each
+decoded batch with its source offset, and every flush turns the state into (a) `KeyRate` records of
+windows that closed and (b) table writes for the Faust changelog.
+
+Table layout, and why: one table entry per (partition, window, bucket), value = every key of that
+bucket with its aggregate plus the highest source offset the entry includes. A per-key entry would
+make changelog *messages* scale with distinct keys per flush (100k+ at scale, far more than Faust's
+per-message producer path sustains); a bucket entry makes messages scale with buckets and bytes
+with distinct keys. The offset stored in each entry makes recovery exact: after a crash Faust
+restores the entries and re-delivers messages after the last committed offset, and a message is
+applied to a bucket only if its offset is newer than the bucket's — nothing is counted twice or lost.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
+from cacheroute.schemas.codec import dump_json, load_json
+from cacheroute.streams.config import StreamConfig
+from cacheroute.streams.keyagg import KeyAgg
+
+__all__ = ["ApplyResult", "BadEvent", "BatchError", "FlushResult", "PartitionState", "table_prefix"]
+
+
+class BatchError(ValueError):
+    """The whole batch is malformed (e.g. columns of different lengths): dead-letter all of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BadEvent:
+    """One malformed event inside an otherwise good batch."""
+
+    index: int
+    reason: str
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What applying one batch did."""
+
+    accepted: int = 0
+    late: int = 0
+    replayed: int = 0
+    bad: list[BadEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """Rates of closed windows, then table writes (value None = delete), in that order."""
+
+    rates: list[KeyRate]
+    writes: list[tuple[bytes, bytes | None]]
+    closed_windows: list[int]
+
+
+def table_prefix(partition: int) -> bytes:
+    """Every table key of a partition starts with this."""
+    return b"%d|" % partition
+
+
+class PartitionState:
+    """Open windows of one partition, their per-key aggregates, watermark and applied offsets."""
+
+    def __init__(self, partition: int, config: StreamConfig) -> None:
+        self.partition = partition
+        self.config = config
+        self.windows: dict[int, dict[int, dict[str, KeyAgg]]] = {}
+        self.watermark = -1
+        self.last_offset = -1
+        self.applied: dict[tuple[int, int], int] = {}
+        self.replay_until = -1
+        self.written: set[tuple[int, int]] = set()
+        self.dirty: set[tuple[int, int]] = set()
+        self.accepted_total = 0
+        self.late_total = 0
+        self.bad_total = 0
+        self.replayed_total = 0
+        self._bucket_of: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------ applying
+    def _bucket(self, key: str) -> int:
+        b = self._bucket_of.get(key)
+        if b is None:
+            if len(self._bucket_of) > 2_000_000:
+                self._bucket_of.clear()
+            b = zlib.crc32(key.encode()) % self.config.buckets
+            self._bucket_of[key] = b
+        return b
+
+    def _agg(self, window: int, key: str, offset: int) -> KeyAgg | None:
+        """The aggregate to update, or None when a replayed message is already included."""
+        bucket = self._bucket(key)
+        if offset <= self.replay_until and self.applied.get((window, bucket), -1) >= offset:
+            return None
+        self.dirty.add((window, bucket))
+        buckets = self.windows.get(window)
+        if buckets is None:
+            buckets = self.windows[window] = {}
+        keys = buckets.get(bucket)
+        if keys is None:
+            keys = buckets[bucket] = {}
+        agg = keys.get(key)
+        if agg is None:
+            agg = keys[key] = KeyAgg()
+        return agg
+
+    def apply_batch(self, batch: RequestBatch, offset: int) -> ApplyResult:
+        """Add a batch's events; report malformed, late and already-applied ones."""
+        keys = batch.keys
+        n = len(keys)
+        columns = {
+            "event_time_ms": batch.event_time_ms,
+            "prompt_tokens": batch.prompt_tokens,
+            "prefix_tokens": batch.prefix_tokens,
+            "cached_tokens": batch.cached_tokens,
+            "destinations": batch.destinations,
+            "prefix_block_hashes": batch.prefix_block_hashes,
+        }
+        for name, col in columns.items():
+            if col is not None and len(col) != n:
+                raise BatchError(f"column {name} has {len(col)} values, keys has {n}")
+        result = ApplyResult()
+        if n:
+            self._apply_events(batch, offset, result)
+        self.watermark = max(self.watermark, batch.created_ms)
+        self.last_offset = max(self.last_offset, offset)
+        self.bad_total += len(result.bad)
+        return result
+
+    def _apply_events(self, batch: RequestBatch, offset: int, result: ApplyResult) -> None:
+        cfg = self.config
+        keys = batch.keys
+        n = len(keys)
+        times = np.asarray(batch.event_time_ms, dtype=np.int64)
+        prompts = np.asarray(batch.prompt_tokens, dtype=np.int64)
+        minus = np.full(n, -1, dtype=np.int64)
+        prefix = minus if batch.prefix_tokens is None else np.asarray(batch.prefix_tokens, np.int64)
+        cached = minus if batch.cached_tokens is None else np.asarray(batch.cached_tokens, np.int64)
+
+        reasons: list[tuple[np.ndarray, str]] = [
+            (prompts < 0, "negative prompt_tokens"),
+            (prefix < -1, "prefix_tokens below -1"),
+            (cached < -1, "cached_tokens below -1"),
+            (times > batch.created_ms + cfg.max_future_ms, "event time in the future of its batch"),
+            (times < batch.created_ms - cfg.max_past_ms, "event time too far in the past"),
+        ]
+        bad_mask = np.zeros(n, dtype=bool)
+        for mask, _ in reasons:
+            bad_mask |= mask
+        limit = cfg.max_key_bytes
+        for i, k in enumerate(keys):
+            if not k or (len(k) * 4 > limit and len(k.encode()) > limit):
+                bad_mask[i] = True
+        if bad_mask.any():
+            for i in np.flatnonzero(bad_mask).tolist():
+                k = keys[i]
+                if not k:
+                    why = "empty key"
+                elif len(k.encode()) > limit:
+                    why = f"key longer than {limit} bytes"
+                else:
+                    why = next(r for m, r in reasons if m[i])
+                result.bad.append(BadEvent(i, why))
+
+        size = cfg.window_ms
+        starts = times - times % size
+        late_mask = (starts + size + cfg.grace_ms <= self.watermark) & ~bad_mask
+        result.late = int(late_mask.sum())
+        self.late_total += result.late
+        good = np.flatnonzero(~(bad_mask | late_mask)).tolist()
+        if not good:
+            return
+        t_list = times.tolist()
+        w_list = starts.tolist()
+        p_list = batch.prompt_tokens
+        f_list = prefix.tolist()
+        c_list = cached.tolist()
+        accepted = replayed = 0
+        agg_for = self._agg
+        for i in good:
+            agg = agg_for(w_list[i], keys[i], offset)
+            if agg is None:
+                replayed += 1
+                continue
+            agg.add(t_list[i], p_list[i], f_list[i], c_list[i])
+            accepted += 1
+        result.accepted = accepted
+        result.replayed = replayed
+        self.accepted_total += accepted
+        self.replayed_total += replayed
+        newest = int(times[good].max())
+        self.watermark = max(self.watermark, newest)
+
+    def apply_summary(self, summary: RequestSummary, offset: int) -> ApplyResult:
+        """Add a pre-aggregated tick; the tick is assigned to the window of its first event."""
+        n = len(summary.keys)
+        cols = (
+            summary.counts,
+            summary.first_ms,
+            summary.last_ms,
+            summary.prompt_tokens_sum,
+            summary.prefix_tokens_sum,
+            summary.cached_tokens_sum,
+        )
+        if any(len(c) != n for c in cols):
+            raise BatchError(f"summary columns differ in length from its {n} keys")
+        result = ApplyResult()
+        size, grace = self.config.window_ms, self.config.grace_ms
+        for i, key in enumerate(summary.keys):
+            count, first, last = summary.counts[i], summary.first_ms[i], summary.last_ms[i]
+            if not key or count <= 0 or last < first or summary.prompt_tokens_sum[i] < 0:
+                result.bad.append(BadEvent(i, "malformed summary entry"))
+                continue
+            window = first - first % size
+            if window + size + grace <= self.watermark:
+                result.late += count
+                continue
+            agg = self._agg(window, key, offset)
+            if agg is None:
+                result.replayed += count
+                continue
+            agg.add_summary(
+                count,
+                first=first,
+                last=last,
+                prompt=summary.prompt_tokens_sum[i],
+                prefix=summary.prefix_tokens_sum[i],
+                cached=summary.cached_tokens_sum[i],
+            )
+            result.accepted += count
+        self.accepted_total += result.accepted
+        self.late_total += result.late
+        self.replayed_total += result.replayed
+        self.bad_total += len(result.bad)
+        self.watermark = max(self.watermark, summary.created_ms)
+        self.last_offset = max(self.last_offset, offset)
+        return result
+
+    # ------------------------------------------------------------------------------- flushing
+    def _key(self, window: int, bucket: int) -> bytes:
+        return b"%d|%d|%d" % (self.partition, window, bucket)
+
+    def flush(self) -> FlushResult:
+        """Close windows the watermark has passed; serialise dirty buckets; write the meta entry."""
+        cfg = self.config
+        fold_upto = self.watermark - cfg.reorder_ms
+        rates: list[KeyRate] = []
+        writes: list[tuple[bytes, bytes | None]] = []
+        closed: list[int] = []
+        for window in sorted(self.windows):
+            if window + cfg.window_ms + cfg.grace_ms > self.watermark:
+                continue
+            closed.append(window)
+            rates.extend(self._close(window))
+            for wb in sorted(wb for wb in self.written if wb[0] == window):
+                writes.append((self._key(*wb), None))
+                self.written.discard(wb)
+                self.applied.pop(wb, None)
+            self.dirty = {wb for wb in self.dirty if wb[0] != window}
+        for window, bucket in sorted(self.dirty):
+            keys = self.windows[window][bucket]
+            for agg in keys.values():
+                agg.fold(fold_upto)
+            value = {"o": self.last_offset, "k": {k: a.to_list() for k, a in keys.items()}}
+            writes.append((self._key(window, bucket), dump_json(value)))
+            self.written.add((window, bucket))
+            self.applied[(window, bucket)] = self.last_offset
+        self.dirty.clear()
+        meta = {"watermark": self.watermark, "offset": self.last_offset}
+        writes.append((table_prefix(self.partition) + b"meta", dump_json(meta)))
+        return FlushResult(rates=rates, writes=writes, closed_windows=closed)
+
+    def _close(self, window: int) -> list[KeyRate]:
+        size = self.config.window_ms
+        out = []
+        for keys in self.windows.pop(window).values():
+            for key, agg in keys.items():
+                s = agg.stats()
+                out.append(
+                    KeyRate(
+                        key=key,
+                        window_start_ms=window,
+                        window_end_ms=window + size,
+                        count=s.count,
+                        rate=s.count * 1000.0 / size,
+                        interarrival_mean_ms=s.interarrival_mean_ms,
+                        interarrival_cv=s.interarrival_cv,
+                        prompt_tokens_sum=s.prompt_tokens_sum,
+                        prefix_tokens_sum=s.prefix_tokens_sum,
+                        cached_tokens_sum=s.cached_tokens_sum,
+                    )
+                )
+        out.sort(key=lambda r: r.key)
+        return out
+
+    @property
+    def open_windows(self) -> list[int]:
+        """Start times of windows that hold state."""
+        return sorted(self.windows)
+
+    # ------------------------------------------------------------------------------- recovery
+    @classmethod
+    def restore(
+        cls, partition: int, config: StreamConfig, entries: Iterable[tuple[bytes, bytes]]
+    ) -> PartitionState:
+        """Rebuild from the table entries of this partition (as Faust restored them)."""
+        state = cls(partition, config)
+        prefix = table_prefix(partition)
+        for raw_key, raw_value in entries:
+            if not raw_key.startswith(prefix) or raw_value is None:
+                continue
+            rest = raw_key[len(prefix) :]
+            value = load_json(raw_value)
+            if rest == b"meta":
+                state.watermark = max(state.watermark, int(value["watermark"]))
+                state.last_offset = max(state.last_offset, int(value["offset"]))
+                continue
+            w_text, b_text = rest.split(b"|")
+            window, bucket = int(w_text), int(b_text)
+            state.windows.setdefault(window, {})[bucket] = {
+                k: KeyAgg.from_list(v) for k, v in value["k"].items()
+            }
+            offset = int(value["o"])
+            state.applied[(window, bucket)] = offset
+            state.written.add((window, bucket))
+            state.replay_until = max(state.replay_until, offset)
+            state.last_offset = max(state.last_offset, offset)
+        return state
