@@ -11,11 +11,14 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from cacheroute import __version__
+from cacheroute.cli.bench import bench
 from cacheroute.cli.demo import demo
 from cacheroute.cli.kafka import kafka
+from cacheroute.cli.plan import plan
 from cacheroute.cli.streams import streams
 from cacheroute.cli.topics import topics
 from cacheroute.errors import CacheRouteError
+from cacheroute.planner.errors import PlannerError
 from cacheroute.schemas import SchemaError
 from cacheroute.settings import Settings
 
@@ -65,6 +68,8 @@ def cli(
 cli.add_command(kafka)
 cli.add_command(topics)
 cli.add_command(demo)
+cli.add_command(plan)
+cli.add_command(bench)
 cli.add_command(streams)
 
 
@@ -79,7 +84,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except (CacheRouteError, SchemaError) as exc:
+    except (CacheRouteError, SchemaError, PlannerError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -1,0 +1,264 @@
+"""`cacheroute plan build`: a routing plan from a rates file, offline (no Kafka).
+
+The planner itself is pure; this is the shell around it: it reads the CSV and the previous plan,
+reads the clock for `created_ms`, turns planner errors into one clear CLI error, and prints.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from cacheroute.errors import CacheRouteError
+from cacheroute.planner import (
+    Destination,
+    Plan,
+    PlanDiff,
+    PlannerError,
+    PlannerParams,
+    advise,
+    build_plan,
+    plan_diff,
+    plan_from_dict,
+    plan_to_dict,
+)
+from cacheroute.settings import Settings
+
+__all__ = ["plan", "read_destinations", "read_plan", "read_rates_csv"]
+
+
+@click.group()
+def plan() -> None:
+    """Build routing plans offline from per-key rates (no Kafka needed)."""
+
+
+def read_rates_csv(path: Path) -> tuple[list[str], list[float], list[float] | None]:
+    """Keys, rates and (if the column is there) prefix tokens from `key,rate[,prefix_tokens]`.
+
+    Every row is kept: a value that is not a number is an error naming the line and key; NaN,
+    negative or duplicate values reach the planner, which rejects them naming the key.
+    """
+    keys: list[str] = []
+    rates: list[float] = []
+    tokens: list[float] = []
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
+        if header not in (["key", "rate"], ["key", "rate", "prefix_tokens"]):
+            raise CacheRouteError(
+                f"{path}: the header must be key,rate or key,rate,prefix_tokens (got {header})"
+            )
+        width = len(header)
+        for row in reader:
+            line = reader.line_num
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) != width:
+                raise CacheRouteError(f"{path}:{line}: expected {width} columns, got {len(row)}")
+            key = row[0].strip()
+            keys.append(key)
+            rates.append(_number(path, line, key, "rate", row[1]))
+            if width == 3:
+                tokens.append(_number(path, line, key, "prefix_tokens", row[2]))
+    return keys, rates, (tokens if width == 3 else None)
+
+
+def _number(path: Path, line: int, key: str, what: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise CacheRouteError(
+            f"{path}:{line}: {what} {raw.strip()!r} of key {key!r} is not a number"
+        ) from None
+
+
+def read_destinations(path: Path) -> list[Destination]:
+    """Destinations from a file: one per line, `NAME` or `NAME,CAPACITY`; `#` starts a comment."""
+    out: list[Destination] = []
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, cap = (part.strip() for part in line.partition(","))
+        try:
+            capacity = float(cap) if cap else 1.0
+        except ValueError:
+            raise CacheRouteError(f"{path}:{number}: capacity {cap!r} is not a number") from None
+        out.append(Destination(name, capacity))
+    if not out:
+        raise CacheRouteError(f"{path}: no destinations in the file")
+    return out
+
+
+def read_plan(path: Path) -> Plan:
+    """A plan written by `plan build --json` or `--out`."""
+    try:
+        return plan_from_dict(orjson.loads(path.read_bytes()))
+    except orjson.JSONDecodeError as exc:
+        raise CacheRouteError(f"{path}: not JSON: {exc}") from None
+    except PlannerError as exc:
+        raise CacheRouteError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise CacheRouteError(f"cannot read {path}: {exc}") from None
+
+
+@plan.command("build")
+@click.option(
+    "--rates",
+    "rates_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="CSV with header key,rate[,prefix_tokens] (rate in requests/s).",
+)
+@click.option(
+    "--prev",
+    "prev_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The live plan (JSON from --json or --out): re-plan from it, moving few keys.",
+)
+@click.option(
+    "--destinations",
+    "n_destinations",
+    type=click.IntRange(min=1),
+    help="Number of destinations, named d0 .. d{N-1} in index order.",
+)
+@click.option(
+    "--destinations-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="One destination per line: NAME or NAME,CAPACITY (relative weight).",
+)
+@click.option("--q-cap", type=float, required=True, help="Capacity knee of one replica (req/s).")
+@click.option(
+    "--warm-slots", type=click.IntRange(min=0), required=True, help="W: warm slots per destination."
+)
+@click.option(
+    "--admission",
+    type=click.Choice(["rate", "bytes"]),
+    default="rate",
+    show_default=True,
+    help="Admission order: rate (the paper), or rate x prefix tokens per slot.",
+)
+@click.option(
+    "--hysteresis",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="With --prev: admitted keys stay until rate < (1 - h) x cut-off.",
+)
+@click.option(
+    "--tolerance",
+    type=float,
+    default=1.05,
+    show_default=True,
+    help="With --prev: move keys until max/mean expected load <= this.",
+)
+@click.option("--plan-version", type=click.IntRange(min=0), help="[default: prev + 1, or 1]")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the plan JSON here."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@click.pass_obj
+def build(
+    settings: Settings,
+    *,
+    rates_path: Path,
+    prev_path: Path | None,
+    n_destinations: int | None,
+    destinations_file: Path | None,
+    q_cap: float,
+    warm_slots: int,
+    admission: str,
+    hysteresis: float,
+    tolerance: float,
+    plan_version: int | None,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """Build a plan (Algorithm 1; churn-aware when --prev is given) and print it."""
+    del settings  # offline: no broker settings needed
+    if (n_destinations is None) == (destinations_file is None):
+        raise click.UsageError("give exactly one of --destinations N and --destinations-file F")
+    destinations: list[str] | list[Destination]
+    if n_destinations is not None:
+        destinations = [f"d{i}" for i in range(n_destinations)]
+    else:
+        assert destinations_file is not None  # exactly one of the two, checked above
+        destinations = read_destinations(destinations_file)
+    keys, rates, tokens = read_rates_csv(rates_path)
+    prev = read_plan(prev_path) if prev_path is not None else None
+    try:
+        params = PlannerParams(
+            q_cap=q_cap,
+            warm_slots=warm_slots,
+            imbalance_tolerance=tolerance,
+            hysteresis=hysteresis,
+            admission="bytes" if admission == "bytes" else "rate",
+        )
+        new = build_plan(
+            keys,
+            rates,
+            destinations,
+            params,
+            prev=prev,
+            prefix_tokens=tokens,
+            version=plan_version,
+            created_ms=time.time_ns() // 1_000_000,
+        )
+        new.validate()
+    except PlannerError as exc:
+        raise CacheRouteError(str(exc)) from None
+    diff = plan_diff(prev, new) if prev is not None else None
+    data = plan_to_dict(new)
+    data["summary"] = new.to_summary()
+    advice = None
+    if prev is not None and diff is not None:
+        data["diff"] = diff.to_dict()
+        advice = advise(
+            prev,
+            new,
+            keys,
+            np.asarray(rates, dtype=np.float64),
+            prefix_tokens=None if tokens is None else np.asarray(tokens, dtype=np.float64),
+        )
+        data["advice"] = advice.to_dict()
+    if out is not None:
+        out.write_bytes(orjson.dumps(data))
+    if as_json:
+        click.echo(orjson.dumps(data))
+        return
+    _render(new, diff, Console())
+    if advice is not None:
+        verdict = "publish" if advice.publish else "keep the live plan"
+        click.echo(f"advice: {verdict} ({'; '.join(advice.reasons)})")
+    if out is not None:
+        click.echo(f"plan written to {out}")
+
+
+def _render(new: Plan, diff: PlanDiff | None, console: Console) -> None:
+    summary = new.to_summary()
+    table = Table(title=f"Plan v{new.version}", title_justify="left", show_header=False)
+    for name, value in summary.items():
+        shown = f"{value:.6g}" if isinstance(value, float) and math.isfinite(value) else str(value)
+        table.add_row(name, shown)
+    if diff is not None:
+        for name, value in diff.to_dict().items():
+            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+            table.add_row(f"vs prev: {name}", shown)
+    console.print(table)
+    loads = Table(title="Expected load per destination", title_justify="left")
+    for col in ("destination", "capacity", "load (req/s)", "admitted keys"):
+        loads.add_column(col, justify="right" if col != "destination" else "left")
+    counts = [0] * len(new.destinations)
+    for d in new.targets.tolist():
+        counts[d] += 1
+    for i, dest in enumerate(new.destinations):
+        loads.add_row(dest.name, f"{dest.capacity:g}", f"{new.loads[i]:.6g}", str(counts[i]))
+    console.print(loads)

@@ -1,0 +1,63 @@
+"""Planner configuration: one frozen dataclass, validated once when it is made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from cacheroute.planner.errors import PlannerError
+
+__all__ = ["ADMISSION_MODES", "Admission", "PlannerParams"]
+
+Admission = Literal["rate", "bytes"]
+ADMISSION_MODES: tuple[Admission, ...] = ("rate", "bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerParams:
+    """Everything Algorithm 1 and the re-planner need besides the rates and the destinations.
+
+    The first five fields mirror the `PlanParams` record of the plan header (schemas/plan_header.avsc)
+    so the planner service can copy them field by field; `admission` is planner-local.
+    """
+
+    q_cap: float
+    """Capacity knee of one replica of a key (requests/s): `k_b = max(1, ceil(rate_b / q_cap))`."""
+    warm_slots: int
+    """W, warm slots per destination; the cluster budget is `C = R * W` slots."""
+    control_interval_s: float = 60.0
+    """Planning interval; the publish advisor weighs staleness over this horizon."""
+    imbalance_tolerance: float = 1.05
+    """Re-planning moves keys until max/mean expected load is within this factor (>= 1)."""
+    hysteresis: float = 0.2
+    """h in [0, 1): an admitted key stays admitted until its rate < (1 - h) * admission cut-off.
+
+    Only used when re-planning from a previous plan; a fresh plan is Algorithm 1 exactly.
+    """
+    admission: Admission = "rate"
+    """`rate` (the paper) or `bytes` (order by rate * reusable prefix tokens per slot)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.q_cap, bool) or not (math.isfinite(self.q_cap) and self.q_cap > 0):
+            raise PlannerError(f"q_cap must be a finite number > 0, got {self.q_cap!r}")
+        if isinstance(self.warm_slots, bool) or not isinstance(self.warm_slots, int):
+            raise PlannerError(f"warm_slots must be an integer, got {self.warm_slots!r}")
+        if self.warm_slots < 0:
+            raise PlannerError(f"warm_slots must be >= 0, got {self.warm_slots}")
+        if not (math.isfinite(self.control_interval_s) and self.control_interval_s > 0):
+            raise PlannerError(f"control_interval_s must be > 0, got {self.control_interval_s!r}")
+        if not (math.isfinite(self.imbalance_tolerance) and self.imbalance_tolerance >= 1.0):
+            raise PlannerError(
+                f"imbalance_tolerance must be a finite number >= 1, got {self.imbalance_tolerance!r}"
+            )
+        if not (0.0 <= self.hysteresis < 1.0):
+            raise PlannerError(f"hysteresis must be in [0, 1), got {self.hysteresis!r}")
+        if self.admission not in ADMISSION_MODES:
+            raise PlannerError(
+                f"admission must be one of {', '.join(ADMISSION_MODES)}, got {self.admission!r}"
+            )
+
+    def capacity_slots(self, n_destinations: int) -> int:
+        """C = R * W: how many (key, destination) warm slots the cluster has."""
+        return n_destinations * self.warm_slots
