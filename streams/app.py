@@ -164,7 +164,7 @@ class StreamsRuntime:
             return True
         state = self.states.get(partition)
         stale = now - self.last_flush.get(partition, 0.0) >= self.options.flush_interval_s
-        return stale and (pending > 0 or bool(state and state.dirty))
+        return stale and (pending > 0 or bool(state and state.has_changes))
 
     async def flush(self, partition: int) -> None:
         """Rates of closed windows -> Kafka; state -> changelog; then ack the applied messages."""

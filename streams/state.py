@@ -20,11 +20,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
 from cacheroute.schemas.codec import dump_json, load_json
 from cacheroute.streams.config import StreamConfig
 from cacheroute.streams.keyagg import KeyAgg
+
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
 
 __all__ = ["ApplyResult", "BadEvent", "BatchError", "FlushResult", "PartitionState", "table_prefix"]
 
@@ -71,13 +75,17 @@ class PartitionState:
     def __init__(self, partition: int, config: StreamConfig) -> None:
         self.partition = partition
         self.config = config
-        self.windows: dict[int, dict[int, dict[str, KeyAgg]]] = {}
+        self.windows: dict[int, dict[str, KeyAgg]] = {}
+        """window start -> key -> aggregate (flat: one dict lookup per event)."""
+        self.members: dict[int, dict[int, list[str]]] = {}
+        """window start -> bucket -> its keys (for serialising a bucket)."""
+        self.dirty: dict[int, set[str]] = {}
+        """window start -> keys changed since the last flush."""
         self.watermark = -1
         self.last_offset = -1
         self.applied: dict[tuple[int, int], int] = {}
         self.replay_until = -1
         self.written: set[tuple[int, int]] = set()
-        self.dirty: set[tuple[int, int]] = set()
         self.accepted_total = 0
         self.late_total = 0
         self.bad_total = 0
@@ -95,21 +103,29 @@ class PartitionState:
         return b
 
     def _agg(self, window: int, key: str, offset: int) -> KeyAgg | None:
-        """The aggregate to update, or None when a replayed message is already included."""
-        bucket = self._bucket(key)
-        if offset <= self.replay_until and self.applied.get((window, bucket), -1) >= offset:
-            return None
-        self.dirty.add((window, bucket))
-        buckets = self.windows.get(window)
-        if buckets is None:
-            buckets = self.windows[window] = {}
-        keys = buckets.get(bucket)
-        if keys is None:
-            keys = buckets[bucket] = {}
-        agg = keys.get(key)
+        """The aggregate to update, or None when a replayed message is already included.
+
+        Slow path for summaries and replays; the batch path inlines the common case.
+        """
+        if offset <= self.replay_until:
+            applied = self.applied.get((window, self._bucket(key)), -1)
+            if applied >= offset:
+                return None
+        aggs = self.windows.get(window)
+        if aggs is None:
+            aggs = self._open(window)
+        agg = aggs.get(key)
         if agg is None:
-            agg = keys[key] = KeyAgg()
+            agg = aggs[key] = KeyAgg()
+            self.members[window].setdefault(self._bucket(key), []).append(key)
+        self.dirty[window].add(key)
         return agg
+
+    def _open(self, window: int) -> dict[str, KeyAgg]:
+        aggs = self.windows[window] = {}
+        self.members[window] = {}
+        self.dirty[window] = set()
+        return aggs
 
     def apply_batch(self, batch: RequestBatch, offset: int) -> ApplyResult:
         """Add a batch's events; report malformed, late and already-applied ones."""
@@ -134,7 +150,10 @@ class PartitionState:
         self.bad_total += len(result.bad)
         return result
 
-    def _apply_events(self, batch: RequestBatch, offset: int, result: ApplyResult) -> None:
+    def _screen(
+        self, batch: RequestBatch, result: ApplyResult
+    ) -> tuple[IntArray, IntArray, IntArray, BoolArray]:
+        """Columns as arrays plus the mask of malformed events (named in `result.bad`)."""
         cfg = self.config
         keys = batch.keys
         n = len(keys)
@@ -143,8 +162,7 @@ class PartitionState:
         minus = np.full(n, -1, dtype=np.int64)
         prefix = minus if batch.prefix_tokens is None else np.asarray(batch.prefix_tokens, np.int64)
         cached = minus if batch.cached_tokens is None else np.asarray(batch.cached_tokens, np.int64)
-
-        reasons: list[tuple[np.ndarray, str]] = [
+        reasons: list[tuple[BoolArray, str]] = [
             (prompts < 0, "negative prompt_tokens"),
             (prefix < -1, "prefix_tokens below -1"),
             (cached < -1, "cached_tokens below -1"),
@@ -158,45 +176,84 @@ class PartitionState:
         for i, k in enumerate(keys):
             if not k or (len(k) * 4 > limit and len(k.encode()) > limit):
                 bad_mask[i] = True
-        if bad_mask.any():
-            for i in np.flatnonzero(bad_mask).tolist():
-                k = keys[i]
-                if not k:
-                    why = "empty key"
-                elif len(k.encode()) > limit:
-                    why = f"key longer than {limit} bytes"
-                else:
-                    why = next(r for m, r in reasons if m[i])
-                result.bad.append(BadEvent(i, why))
+        for i in np.flatnonzero(bad_mask).tolist():
+            k = keys[i]
+            if not k:
+                why = "empty key"
+            elif len(k.encode()) > limit:
+                why = f"key longer than {limit} bytes"
+            else:
+                why = next(r for m, r in reasons if m[i])
+            result.bad.append(BadEvent(i, why))
+        return times, prefix, cached, bad_mask
 
-        size = cfg.window_ms
+    def _apply_events(self, batch: RequestBatch, offset: int, result: ApplyResult) -> None:
+        times, prefix, cached, bad_mask = self._screen(batch, result)
+        size = self.config.window_ms
         starts = times - times % size
-        late_mask = (starts + size + cfg.grace_ms <= self.watermark) & ~bad_mask
+        late_mask = (starts + size + self.config.grace_ms <= self.watermark) & ~bad_mask
         result.late = int(late_mask.sum())
         self.late_total += result.late
         good = np.flatnonzero(~(bad_mask | late_mask)).tolist()
         if not good:
             return
-        t_list = times.tolist()
-        w_list = starts.tolist()
-        p_list = batch.prompt_tokens
-        f_list = prefix.tolist()
-        c_list = cached.tolist()
-        accepted = replayed = 0
-        agg_for = self._agg
+        columns = (
+            batch.keys,
+            times.tolist(),
+            batch.prompt_tokens,
+            prefix.tolist(),
+            cached.tolist(),
+        )
+        good_starts = starts[good]
+        first_start = int(good_starts[0])
+        if offset <= self.replay_until or bool((good_starts != first_start).any()):
+            # replay after recovery, or a batch spanning windows: the general path
+            self._accumulate_checked(good, starts.tolist(), columns, offset, result)
+        else:
+            self._accumulate_one_window(good, first_start, columns)
+            result.accepted = len(good)
+        self.accepted_total += result.accepted
+        self.replayed_total += result.replayed
+        self.watermark = max(self.watermark, int(times[good].max()))
+
+    def _accumulate_checked(
+        self,
+        good: list[int],
+        window_of: list[int],
+        columns: tuple[list[str], list[int], list[int], list[int], list[int]],
+        offset: int,
+        result: ApplyResult,
+    ) -> None:
+        keys, t, prompt, prefix, cached = columns
         for i in good:
-            agg = agg_for(w_list[i], keys[i], offset)
+            agg = self._agg(window_of[i], keys[i], offset)
             if agg is None:
-                replayed += 1
+                result.replayed += 1
                 continue
-            agg.add(t_list[i], p_list[i], f_list[i], c_list[i])
-            accepted += 1
-        result.accepted = accepted
-        result.replayed = replayed
-        self.accepted_total += accepted
-        self.replayed_total += replayed
-        newest = int(times[good].max())
-        self.watermark = max(self.watermark, newest)
+            agg.add(t[i], prompt[i], prefix[i], cached[i])
+            result.accepted += 1
+
+    def _accumulate_one_window(
+        self,
+        good: list[int],
+        window: int,
+        columns: tuple[list[str], list[int], list[int], list[int], list[int]],
+    ) -> None:
+        """The hot path: every event in one window and no replay check (one dict get per event)."""
+        keys, t, prompt, prefix, cached = columns
+        aggs = self.windows.get(window)
+        if aggs is None:
+            aggs = self._open(window)
+        members = self.members[window]
+        dirty = self.dirty[window]
+        for i in good:
+            key = keys[i]
+            agg = aggs.get(key)
+            if agg is None:
+                agg = aggs[key] = KeyAgg()
+                members.setdefault(self._bucket(key), []).append(key)
+            agg.add(t[i], prompt[i], prefix[i], cached[i])
+            dirty.add(key)
 
     def apply_summary(self, summary: RequestSummary, offset: int) -> ApplyResult:
         """Add a pre-aggregated tick; the tick is assigned to the window of its first event."""
@@ -263,40 +320,53 @@ class PartitionState:
                 writes.append((self._key(*wb), None))
                 self.written.discard(wb)
                 self.applied.pop(wb, None)
-            self.dirty = {wb for wb in self.dirty if wb[0] != window}
-        for window, bucket in sorted(self.dirty):
-            keys = self.windows[window][bucket]
-            for agg in keys.values():
-                agg.fold(fold_upto)
-            value = {"o": self.last_offset, "k": {k: a.to_list() for k, a in keys.items()}}
-            writes.append((self._key(window, bucket), dump_json(value)))
-            self.written.add((window, bucket))
-            self.applied[(window, bucket)] = self.last_offset
-        self.dirty.clear()
+        for window in sorted(self.dirty):
+            changed = self.dirty[window]
+            if not changed:
+                continue
+            aggs = self.windows[window]
+            members = self.members[window]
+            buckets = set()
+            for key in changed:
+                aggs[key].fold(fold_upto)
+                buckets.add(self._bucket(key))
+            changed.clear()
+            for bucket in sorted(buckets):
+                keys = members[bucket]
+                value = {"o": self.last_offset, "k": {k: aggs[k].to_list() for k in keys}}
+                writes.append((self._key(window, bucket), dump_json(value)))
+                self.written.add((window, bucket))
+                self.applied[(window, bucket)] = self.last_offset
         meta = {"watermark": self.watermark, "offset": self.last_offset}
         writes.append((table_prefix(self.partition) + b"meta", dump_json(meta)))
         return FlushResult(rates=rates, writes=writes, closed_windows=closed)
 
+    @property
+    def has_changes(self) -> bool:
+        """Whether any key changed since the last flush."""
+        return any(self.dirty.values())
+
     def _close(self, window: int) -> list[KeyRate]:
         size = self.config.window_ms
         out = []
-        for keys in self.windows.pop(window).values():
-            for key, agg in keys.items():
-                s = agg.stats()
-                out.append(
-                    KeyRate(
-                        key=key,
-                        window_start_ms=window,
-                        window_end_ms=window + size,
-                        count=s.count,
-                        rate=s.count * 1000.0 / size,
-                        interarrival_mean_ms=s.interarrival_mean_ms,
-                        interarrival_cv=s.interarrival_cv,
-                        prompt_tokens_sum=s.prompt_tokens_sum,
-                        prefix_tokens_sum=s.prefix_tokens_sum,
-                        cached_tokens_sum=s.cached_tokens_sum,
-                    )
+        self.members.pop(window, None)
+        self.dirty.pop(window, None)
+        for key, agg in self.windows.pop(window).items():
+            s = agg.stats()
+            out.append(
+                KeyRate(
+                    key=key,
+                    window_start_ms=window,
+                    window_end_ms=window + size,
+                    count=s.count,
+                    rate=s.count * 1000.0 / size,
+                    interarrival_mean_ms=s.interarrival_mean_ms,
+                    interarrival_cv=s.interarrival_cv,
+                    prompt_tokens_sum=s.prompt_tokens_sum,
+                    prefix_tokens_sum=s.prefix_tokens_sum,
+                    cached_tokens_sum=s.cached_tokens_sum,
                 )
+            )
         out.sort(key=lambda r: r.key)
         return out
 
@@ -324,9 +394,12 @@ class PartitionState:
                 continue
             w_text, b_text = rest.split(b"|")
             window, bucket = int(w_text), int(b_text)
-            state.windows.setdefault(window, {})[bucket] = {
-                k: KeyAgg.from_list(v) for k, v in value["k"].items()
-            }
+            if window not in state.windows:
+                state._open(window)
+            aggs = state.windows[window]
+            for k, v in value["k"].items():
+                aggs[k] = KeyAgg.from_list(v)
+            state.members[window][bucket] = list(value["k"])
             offset = int(value["o"])
             state.applied[(window, bucket)] = offset
             state.written.add((window, bucket))
