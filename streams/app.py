@@ -26,7 +26,14 @@ import faust
 from confluent_kafka import Producer
 
 from cacheroute.kafkaio import producer_config
-from cacheroute.schemas import RequestBatch, RequestSummary, SchemaError, codec_for, decode_any
+from cacheroute.schemas import (
+    KeyRate,
+    RequestBatch,
+    RequestSummary,
+    SchemaError,
+    codec_for,
+    decode_any,
+)
 from cacheroute.schemas.errors import format_location
 from cacheroute.settings import Settings
 from cacheroute.streams.config import StreamConfig
@@ -176,10 +183,11 @@ class StreamsRuntime:
             acks = self.pending.pop(partition, [])
             out = state.flush()
             rates_topic = self.settings.topics["rates"]
-            encode = codec_for(type(out.rates[0])).encode if out.rates else None
+            encode = codec_for(KeyRate).encode
             for rate in out.rates:
-                assert encode is not None
-                self.producer.produce(rates_topic, key=rate.key.encode(), value=encode(rate))
+                # validate=False: these values are built here from ints and floats that fit
+                blob = encode(rate, validate=False)
+                self.producer.produce(rates_topic, key=rate.key.encode(), value=blob)
                 self.producer.poll(0)
             # rates and dead letters must be durable before the state that no longer holds them
             loop = asyncio.get_running_loop()

@@ -15,6 +15,7 @@ applied to a bucket only if its offset is newer than the bucket's — nothing is
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -64,6 +65,11 @@ class FlushResult:
     closed_windows: list[int]
 
 
+_FOLD_AT = 32
+"""Fold a key's reorder buffer at flush only once it holds more timestamps than this: folding
+later is never less exact (fewer events count as out of order), and most keys then skip it."""
+
+
 def table_prefix(partition: int) -> bytes:
     """Every table key of a partition starts with this."""
     return b"%d|" % partition
@@ -81,6 +87,8 @@ class PartitionState:
         """window start -> bucket -> its keys (for serialising a bucket)."""
         self.dirty: dict[int, set[str]] = {}
         """window start -> keys changed since the last flush."""
+        self.frags: dict[int, dict[str, bytes]] = {}
+        """window start -> key -> its cached JSON fragment in the bucket value."""
         self.watermark = -1
         self.last_offset = -1
         self.applied: dict[tuple[int, int], int] = {}
@@ -246,14 +254,36 @@ class PartitionState:
             aggs = self._open(window)
         members = self.members[window]
         dirty = self.dirty[window]
+        insort = bisect.insort
         for i in good:
             key = keys[i]
             agg = aggs.get(key)
             if agg is None:
                 agg = aggs[key] = KeyAgg()
                 members.setdefault(self._bucket(key), []).append(key)
-            agg.add(t[i], prompt[i], prefix[i], cached[i])
             dirty.add(key)
+            # KeyAgg.add, inlined: this loop runs once per event (~30% faster than the call)
+            ti = t[i]
+            if agg.count == 0:
+                agg.first_ms = agg.last_ms = ti
+            elif ti < agg.first_ms:
+                agg.first_ms = ti
+            elif ti > agg.last_ms:
+                agg.last_ms = ti
+            agg.count += 1
+            agg.prompt_sum += prompt[i]
+            if prefix[i] > 0:
+                agg.prefix_sum += prefix[i]
+            if cached[i] > 0:
+                agg.cached_sum += cached[i]
+            if ti < agg.last_folded:
+                agg.gap_late += 1
+                continue
+            pending = agg.pending
+            if not pending or ti >= pending[-1]:
+                pending.append(ti)
+            else:
+                insort(pending, ti)
 
     def apply_summary(self, summary: RequestSummary, offset: int) -> ApplyResult:
         """Add a pre-aggregated tick; the tick is assigned to the window of its first event."""
@@ -322,24 +352,44 @@ class PartitionState:
                 self.applied.pop(wb, None)
         for window in sorted(self.dirty):
             changed = self.dirty[window]
-            if not changed:
-                continue
-            aggs = self.windows[window]
-            members = self.members[window]
-            buckets = set()
-            for key in changed:
-                aggs[key].fold(fold_upto)
-                buckets.add(self._bucket(key))
-            changed.clear()
-            for bucket in sorted(buckets):
-                keys = members[bucket]
-                value = {"o": self.last_offset, "k": {k: aggs[k].to_list() for k in keys}}
-                writes.append((self._key(window, bucket), dump_json(value)))
-                self.written.add((window, bucket))
-                self.applied[(window, bucket)] = self.last_offset
+            if changed:
+                writes.extend(self._serialise(window, changed, fold_upto))
         meta = {"watermark": self.watermark, "offset": self.last_offset}
         writes.append((table_prefix(self.partition) + b"meta", dump_json(meta)))
         return FlushResult(rates=rates, writes=writes, closed_windows=closed)
+
+    def _serialise(
+        self, window: int, changed: set[str], fold_upto: int
+    ) -> list[tuple[bytes, bytes | None]]:
+        """Table writes for the buckets holding `changed` keys.
+
+        Each key's JSON fragment is cached and rebuilt only when the key changed, so a flush costs
+        in proportion to the keys that changed, not to the size of the buckets they share.
+        """
+        aggs = self.windows[window]
+        frags = self.frags.setdefault(window, {})
+        buckets = set()
+        for key in changed:
+            agg = aggs[key]
+            if len(agg.pending) > _FOLD_AT:
+                agg.fold(fold_upto)
+            frags[key] = dump_json(key) + b":" + dump_json(agg.to_list())
+            buckets.add(self._bucket(key))
+        changed.clear()
+        writes: list[tuple[bytes, bytes | None]] = []
+        members = self.members[window]
+        head = b'{"o":%d,"k":{' % self.last_offset
+        for bucket in sorted(buckets):
+            parts = []
+            for key in members[bucket]:
+                frag = frags.get(key)
+                if frag is None:  # restored and unchanged since: build once
+                    frag = frags[key] = dump_json(key) + b":" + dump_json(aggs[key].to_list())
+                parts.append(frag)
+            writes.append((self._key(window, bucket), head + b",".join(parts) + b"}}"))
+            self.written.add((window, bucket))
+            self.applied[(window, bucket)] = self.last_offset
+        return writes
 
     @property
     def has_changes(self) -> bool:
@@ -351,6 +401,7 @@ class PartitionState:
         out = []
         self.members.pop(window, None)
         self.dirty.pop(window, None)
+        self.frags.pop(window, None)
         for key, agg in self.windows.pop(window).items():
             s = agg.stats()
             out.append(

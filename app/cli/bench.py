@@ -456,3 +456,53 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield from _flatten(value, f"{prefix}{name}.")
         elif not isinstance(value, list):
             yield f"{prefix}{name}", value
+
+
+@bench.command("streams")
+@click.option("--events", default=1_000_000, show_default=True, help="Request events to ingest.")
+@click.option("--keys", default=100_000, show_default=True, help="Distinct routing keys.")
+@click.option("--seed", default=0, show_default=True, help="Workload seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.pass_obj
+def bench_streams_cmd(settings: Any, events: int, keys: int, seed: int, as_json: bool) -> None:
+    """Streams agent ingest (events/s) vs a plain consumer on the real broker, plus emit() cost.
+
+    Needs a broker (`cacheroute kafka start`). Creates and deletes its own topics.
+    """
+    from cacheroute.streamsbench import bench_streams  # noqa: PLC0415 - needs Kafka; lazy
+
+    result = bench_streams(settings, events, keys, seed)
+    if as_json:
+        click.echo(orjson.dumps(result).decode())
+        return
+    table = Table(title="streams benchmark", title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        table.add_row(k, str(v))
+    Console().print(table)
+
+
+@bench.command("emitter")
+@click.option("--events", default=1_000_000, show_default=True, help="emit() calls.")
+@click.option("--keys", default=100_000, show_default=True, help="Distinct routing keys.")
+@click.option("--seed", default=0, show_default=True, help="Workload seed.")
+@click.option("--broker", is_flag=True, help="Also measure emit+flush into a real broker.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.pass_obj
+def bench_emitter_cmd(
+    settings: Any, events: int, keys: int, seed: int, broker: bool, as_json: bool
+) -> None:
+    """Cost of the gateway emitter's emit() (ns/call) against a list-append baseline."""
+    from cacheroute.dispatcher.emitter_bench import bench_emitter  # noqa: PLC0415
+
+    result = bench_emitter(events, keys, seed=seed, settings=settings if broker else None)
+    if as_json:
+        click.echo(orjson.dumps(result).decode())
+        return
+    table = Table(title="emitter benchmark", title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        table.add_row(k, str(v))
+    Console().print(table)
