@@ -1,0 +1,199 @@
+"""Routing decisions inside a gateway — pure: no Kafka, no clock, randomness injected.
+
+`RoutingTable` is an immutable snapshot of one plan version mapped onto the gateway's own list of
+destinations: admitted key -> the gateway-local indices of its replica set T(b), in the plan's
+selection order. `Router` holds the live table behind ONE reference, so a new plan is swapped in
+with a single assignment (atomic under the GIL) and a route() call sees either the old or the new
+table, never a mix.
+
+The rules (the paper's dispatch step and its fallbacks):
+- admitted key -> the least-loaded live member of T(b) by this gateway's in-flight count (ties: the
+  earlier member in T(b), i.e. the planner's selection order);
+- any other key, an admitted key whose whole T(b) is down, no plan yet, or a plan older than the
+  staleness limit -> power-of-two-choices over live destinations;
+- every destination down -> power-of-two-choices over all of them (a request is never refused).
+
+Hot-path notes: decisions use plain lists and ints (no numpy scalars, no locks on reads, no
+metrics objects); counters are plain ints exported on scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cacheroute.dispatcher.errors import DispatchError
+
+__all__ = ["RouteKind", "Router", "RoutingTable", "build_table"]
+
+log = logging.getLogger(__name__)
+
+
+class RouteKind:
+    """Why a request went where it went (indices into `Router.counts`)."""
+
+    PLAN = 0
+    COLD = 1
+    PLAN_DOWN = 2
+    STALE = 3
+    NO_PLAN = 4
+    ALL_DOWN = 5
+    NAMES = ("plan", "cold", "plan_down", "stale", "no_plan", "all_down")
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """One plan version, mapped onto a gateway's destinations."""
+
+    version: int
+    created_ms: int
+    members: Mapping[str, tuple[int, ...]]
+    unknown_destinations: frozenset[str] = frozenset()
+    """Destinations the plan names but this gateway does not know (dropped from every T(b))."""
+    unplanned_destinations: frozenset[str] = frozenset()
+    """Destinations this gateway knows but the plan does not name (they get P2C traffic only)."""
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+def build_table(
+    version: int,
+    created_ms: int,
+    assignments: Iterable[tuple[str, Sequence[str]]],
+    plan_destinations: Sequence[str],
+    gateway_destinations: Sequence[str],
+    *,
+    yield_every: int = 0,
+    pause: Callable[[], None] | None = None,
+) -> RoutingTable:
+    """Map (key, destination names) pairs onto gateway-local indices.
+
+    `pause` is called every `yield_every` keys: the dispatcher passes `time.sleep(0)` so a large
+    table built in a background thread releases the GIL often and never stalls route() for long.
+    """
+    local = {name: i for i, name in enumerate(gateway_destinations)}
+    unknown = frozenset(d for d in plan_destinations if d not in local)
+    unplanned = frozenset(d for d in gateway_destinations if d not in set(plan_destinations))
+    members: dict[str, tuple[int, ...]] = {}
+    for n, (key, names) in enumerate(assignments, start=1):
+        idx = tuple(local[d] for d in names if d in local)
+        if idx:
+            members[key] = idx
+        if pause is not None and yield_every and n % yield_every == 0:
+            pause()
+    return RoutingTable(version, created_ms, members, unknown, unplanned)
+
+
+@dataclass
+class Router:
+    """The routing state of one gateway: destinations, liveness, in-flight counts, live table."""
+
+    destinations: Sequence[str]
+    rng: random.Random = field(default_factory=random.Random)
+    table: RoutingTable | None = None
+    stale: bool = False
+    """Set by the owner (from plan age vs the staleness limit); True routes everything by P2C."""
+
+    def __post_init__(self) -> None:
+        if not self.destinations:
+            raise DispatchError("a router needs at least one destination")
+        if len(set(self.destinations)) != len(self.destinations):
+            raise DispatchError("destination names must be distinct")
+        self.names: list[str] = list(self.destinations)
+        self.index: dict[str, int] = {d: i for i, d in enumerate(self.names)}
+        self.inflight: list[int] = [0] * len(self.names)
+        self.up: list[bool] = [True] * len(self.names)
+        self.live: list[int] = list(range(len(self.names)))
+        self.counts: list[int] = [0] * len(RouteKind.NAMES)
+        self._lock = threading.Lock()
+
+    # --------------------------------------------------------------------------- decisions
+    def route_index(self, key: str) -> int:
+        """The destination index for `key` (see the module docstring for the rules)."""
+        table = self.table
+        if table is not None and not self.stale:
+            members = table.members.get(key)
+            if members is not None:
+                up = self.up
+                inflight = self.inflight
+                best = -1
+                load = 0
+                for m in members:
+                    if up[m] and (best < 0 or inflight[m] < load):
+                        best = m
+                        load = inflight[m]
+                if best >= 0:
+                    self.counts[0] += 1
+                    return best
+                self.counts[2] += 1
+            else:
+                self.counts[1] += 1
+        elif table is None:
+            self.counts[4] += 1
+        else:
+            self.counts[3] += 1
+        return self._p2c()
+
+    def route(self, key: str) -> str:
+        """The destination name for `key`."""
+        return self.names[self.route_index(key)]
+
+    def _p2c(self) -> int:
+        live = self.live
+        n = len(live)
+        if n == 0:
+            self.counts[5] += 1
+            n_all = len(self.names)
+            a = int(self.rng.random() * n_all)
+            b = int(self.rng.random() * n_all)
+            return a if self.inflight[a] <= self.inflight[b] else b
+        if n == 1:
+            return live[0]
+        rnd = self.rng.random
+        i = int(rnd() * n)
+        j = int(rnd() * (n - 1))
+        if j >= i:
+            j += 1  # two distinct candidates
+        a, b = live[i], live[j]
+        return a if self.inflight[a] <= self.inflight[b] else b
+
+    # --------------------------------------------------------------------------- in-flight
+    def acquire(self, index: int) -> None:
+        """A request was sent to destination `index`."""
+        with self._lock:
+            self.inflight[index] += 1
+
+    def release(self, index: int) -> None:
+        """A request to destination `index` finished (never goes below zero)."""
+        with self._lock:
+            if self.inflight[index] > 0:
+                self.inflight[index] -= 1
+
+    # ---------------------------------------------------------------------------- liveness
+    def mark_down(self, name: str) -> bool:
+        """Exclude a destination at once; False if the name is unknown."""
+        return self._set_up(name, False)
+
+    def mark_up(self, name: str) -> bool:
+        """Include a destination again; False if the name is unknown."""
+        return self._set_up(name, True)
+
+    def _set_up(self, name: str, up: bool) -> bool:
+        i = self.index.get(name)
+        if i is None:
+            return False
+        with self._lock:
+            if self.up[i] != up:
+                self.up[i] = up
+                self.live = [j for j, u in enumerate(self.up) if u]  # one reference swap
+                log.warning("destination %s marked %s", name, "up" if up else "down")
+        return True
+
+    def is_up(self, name: str) -> bool:
+        """Whether a destination is currently routable."""
+        i = self.index.get(name)
+        return i is not None and self.up[i]
