@@ -24,10 +24,46 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cacheroute.dispatcher.errors import DispatchError
 
-__all__ = ["RouteKind", "Router", "RoutingTable", "build_table"]
+__all__ = ["PlanLike", "RouteKind", "Router", "RoutingTable", "build_table", "table_from_plan"]
+
+
+class PlanLike(Protocol):
+    """What routing needs of a planner `Plan` (kept structural: no import of the planner here)."""
+
+    @property
+    def version(self) -> int:
+        """Plan version."""
+        ...
+
+    @property
+    def created_ms(self) -> int:
+        """When the plan was built (wall clock, ms)."""
+        ...
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Admitted keys."""
+        ...
+
+    @property
+    def offsets(self) -> Any:
+        """numpy int array (n_admitted + 1,): CSR offsets into `targets`."""
+        ...
+
+    @property
+    def targets(self) -> Any:
+        """numpy int array (sum k_b,): destination indices."""
+        ...
+
+    @property
+    def destinations(self) -> Sequence[Any]:
+        """Destinations of the plan by index (items with a `.name`)."""
+        ...
+
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +233,36 @@ class Router:
         """Whether a destination is currently routable."""
         i = self.index.get(name)
         return i is not None and self.up[i]
+
+
+def table_from_plan(
+    plan: PlanLike,
+    gateway_destinations: Sequence[str],
+    *,
+    yield_every: int = 0,
+    pause: Callable[[], None] | None = None,
+) -> RoutingTable:
+    """A RoutingTable from a planner `Plan` (CSR arrays: keys, offsets, targets)."""
+    names = [d.name for d in plan.destinations]
+    local = {name: i for i, name in enumerate(gateway_destinations)}
+    lut = [local.get(n, -1) for n in names]
+    offsets = plan.offsets.tolist()
+    targets = [lut[t] for t in plan.targets.tolist()]
+    members: dict[str, tuple[int, ...]] = {}
+    keys = plan.keys
+    for i, key in enumerate(keys):
+        lo, hi = offsets[i], offsets[i + 1]
+        if hi - lo == 1:
+            t = targets[lo]
+            if t >= 0:
+                members[key] = (t,)
+        else:
+            idx = tuple(t for t in targets[lo:hi] if t >= 0)
+            if idx:
+                members[key] = idx
+        if pause is not None and yield_every and i % yield_every == yield_every - 1:
+            pause()
+    unknown = frozenset(n for n in names if n not in local)
+    planned = set(names)
+    unplanned = frozenset(d for d in gateway_destinations if d not in planned)
+    return RoutingTable(plan.version, plan.created_ms, members, unknown, unplanned)

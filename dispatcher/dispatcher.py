@@ -1,0 +1,278 @@
+"""`Dispatcher`: what a gateway embeds to route requests by the live plan.
+
+It wraps the pure `Router` with the parts that touch time and threads: applying new plan versions
+(built off the routing path, swapped in with one reference assignment), the staleness rule (a plan
+older than `staleness_intervals` control intervals -> power-of-two-choices for everything, with one
+log line per transition), optional health checks, and metrics. The Kafka subscription that feeds
+`apply_plan` is `follow()` (see dispatcher/subscription.py); tests and simulators call `apply_plan`
+directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cacheroute.dispatcher.routing import PlanLike, RouteKind, Router, RoutingTable, table_from_plan
+
+__all__ = ["Dispatcher", "DispatcherConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """Knobs of a gateway's dispatcher."""
+
+    staleness_intervals: float = 3.0
+    """A plan older than this many control intervals is stale (the paper's fallback rule)."""
+    control_interval_s: float = 60.0
+    """Used when a plan does not say its own interval."""
+    maintenance_interval_s: float = 1.0
+    """How often the background thread re-checks staleness and runs the health check."""
+    build_yield_every: int = 2000
+    """Keys per slice while building a routing table; the builder yields the GIL between slices."""
+
+
+class Dispatcher:
+    """Routes requests of one gateway. Thread-safe; `route`/`acquire`/`release` never raise."""
+
+    def __init__(
+        self,
+        destinations: Sequence[str],
+        config: DispatcherConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+        health_check: Callable[[str], bool] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config or DispatcherConfig()
+        # S311: load balancing, not cryptography
+        self.router = Router(list(destinations), rng=rng or random.Random())  # noqa: S311
+        self.clock = clock
+        self.health_check = health_check
+        self.registry = registry or CollectorRegistry()
+        self.registry.register(_DispatcherCollector(self))
+        self._apply_lock = threading.Lock()
+        self._interval_s = self.config.control_interval_s
+        self._mode = "no_plan"
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.swaps = 0
+        self.subscription: object | None = None
+        # the hot path, bound once
+        self.route = self.router.route
+        self.route_index = self.router.route_index
+        self.acquire = self.router.acquire
+        self.release = self.router.release
+        log.warning("no plan yet: routing everything by power-of-two-choices")
+
+    # ------------------------------------------------------------------------------ routing
+    @contextmanager
+    def request(self, key: str) -> Iterator[str]:
+        """Route `key`, count it in flight for the duration of the block, yield the destination."""
+        i = self.router.route_index(key)
+        self.router.acquire(i)
+        try:
+            yield self.router.names[i]
+        finally:
+            self.router.release(i)
+
+    def mark_down(self, name: str) -> None:
+        """Exclude a destination at once (unknown names are logged once and ignored)."""
+        if not self.router.mark_down(name):
+            self._warn_once(
+                f"down:{name}", "mark_down(%r): not a destination of this gateway", name
+            )
+
+    def mark_up(self, name: str) -> None:
+        """Include a destination again."""
+        if not self.router.mark_up(name):
+            self._warn_once(f"up:{name}", "mark_up(%r): not a destination of this gateway", name)
+
+    # --------------------------------------------------------------------------------- plans
+    @property
+    def table(self) -> RoutingTable | None:
+        """The live routing table (None before the first plan)."""
+        return self.router.table
+
+    @property
+    def version(self) -> int | None:
+        """Version of the live plan."""
+        table = self.router.table
+        return None if table is None else table.version
+
+    def apply_plan(self, plan: PlanLike, control_interval_s: float | None = None) -> bool:
+        """Build the routing table of `plan` off the routing path and swap it in.
+
+        Returns False (and keeps the live plan) when `plan` is not newer than the live one. The
+        table is built in slices with `time.sleep(0)` between them, so a router thread waiting
+        for the GIL gets it within one slice.
+        """
+        with self._apply_lock:
+            live = self.router.table
+            if live is not None and plan.version <= live.version:
+                return False
+            table = table_from_plan(
+                plan,
+                self.router.names,
+                yield_every=self.config.build_yield_every,
+                pause=_yield_gil,
+            )
+            self.router.table = table  # the swap: one reference assignment
+            self.swaps += 1
+            if control_interval_s is not None:
+                self._interval_s = control_interval_s
+            else:
+                params = getattr(plan, "params", None)
+                self._interval_s = float(
+                    getattr(params, "control_interval_s", self.config.control_interval_s)
+                )
+            for name in sorted(table.unknown_destinations):
+                self._warn_once(
+                    f"unknown:{name}",
+                    "plan v%d names destination %r that this gateway does not know; its keys "
+                    "use their other replicas or power-of-two-choices",
+                    table.version,
+                    name,
+                )
+            for name in sorted(table.unplanned_destinations):
+                self._warn_once(
+                    f"unplanned:{name}",
+                    "destination %r is not in plan v%d; it only takes power-of-two-choices traffic",
+                    name,
+                    table.version,
+                )
+            self.check_staleness()
+            return True
+
+    def check_staleness(self, now: float | None = None) -> bool:
+        """Set the router's stale flag from the live plan's age; log once per transition."""
+        table = self.router.table
+        if table is None:
+            return True
+        now = self.clock() if now is None else now
+        age = now - table.created_ms / 1000.0
+        limit = self.config.staleness_intervals * self._interval_s
+        stale = age > limit
+        self.router.stale = stale
+        mode = "stale" if stale else "plan"
+        if mode != self._mode:
+            if stale:
+                log.warning(
+                    "plan v%d is %.0f s old (limit %.0f s): routing everything by "
+                    "power-of-two-choices until a fresh plan arrives",
+                    table.version,
+                    age,
+                    limit,
+                )
+            else:
+                log.warning(
+                    "routing by plan v%d (%d admitted keys)", table.version, len(table.members)
+                )
+            self._mode = mode
+        return stale
+
+    def plan_age_s(self) -> float | None:
+        """Seconds since the live plan was built."""
+        table = self.router.table
+        return None if table is None else self.clock() - table.created_ms / 1000.0
+
+    # ------------------------------------------------------------------------- maintenance
+    def start(self) -> Dispatcher:
+        """Start the background thread for staleness and health checks (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._maintain, name="cacheroute-dispatcher", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def _maintain(self) -> None:
+        while not self._stop.wait(self.config.maintenance_interval_s):
+            try:
+                self.check_staleness()
+                if self.health_check is not None:
+                    for name in self.router.names:
+                        ok = bool(self.health_check(name))
+                        if ok != self.router.is_up(name):
+                            (self.router.mark_up if ok else self.router.mark_down)(name)
+            except Exception:  # a broken hook must not kill maintenance
+                log.exception("dispatcher maintenance failed; retrying next interval")
+
+    def close(self) -> None:
+        """Stop background work (and the plan subscription, if any)."""
+        self._stop.set()
+        close = getattr(self.subscription, "close", None)
+        if callable(close):
+            close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> Dispatcher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _warn_once(self, tag: str, msg: str, *args: object) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            log.warning(msg, *args)
+
+
+def _yield_gil() -> None:
+    time.sleep(0)
+
+
+class _DispatcherCollector(Collector):
+    """Exports the router's plain-int counters on scrape (no metric objects on the hot path)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.d = dispatcher
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        router = self.d.router
+        routed = CounterMetricFamily(
+            "cacheroute_dispatcher_routed", "Routing decisions by reason", labels=["reason"]
+        )
+        for kind, name in enumerate(RouteKind.NAMES):
+            routed.add_metric([name], router.counts[kind])
+        yield routed
+        inflight = GaugeMetricFamily(
+            "cacheroute_dispatcher_inflight", "Requests in flight", labels=["destination"]
+        )
+        up = GaugeMetricFamily(
+            "cacheroute_dispatcher_up", "Destination routable", labels=["destination"]
+        )
+        for i, name in enumerate(router.names):
+            inflight.add_metric([name], router.inflight[i])
+            up.add_metric([name], 1.0 if router.up[i] else 0.0)
+        yield inflight
+        yield up
+        yield GaugeMetricFamily(
+            "cacheroute_dispatcher_plan_version",
+            "Live plan version (0: none)",
+            value=self.d.version or 0,
+        )
+        yield GaugeMetricFamily(
+            "cacheroute_dispatcher_plan_stale",
+            "1 while routing falls back for staleness",
+            value=1.0 if router.stale else 0.0,
+        )
+        age = self.d.plan_age_s()
+        yield GaugeMetricFamily(
+            "cacheroute_dispatcher_plan_age_seconds", "Age of the live plan", value=age or 0.0
+        )
