@@ -39,7 +39,7 @@ class DispatcherConfig:
     """Used when a plan does not say its own interval."""
     maintenance_interval_s: float = 1.0
     """How often the background thread re-checks staleness and runs the health check."""
-    build_yield_every: int = 2000
+    build_yield_every: int = 500
     """Keys per slice while building a routing table; the builder yields the GIL between slices."""
 
 
@@ -178,9 +178,7 @@ class Dispatcher:
                     limit,
                 )
             else:
-                log.warning(
-                    "routing by plan v%d (%d admitted keys)", table.version, len(table.members)
-                )
+                log.warning("routing by plan v%d (%d admitted keys)", table.version, len(table))
             self._mode = mode
         return stale
 

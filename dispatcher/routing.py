@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from cacheroute.dispatcher.errors import DispatchError
 
 __all__ = ["PlanLike", "RouteKind", "Router", "RoutingTable", "build_table", "table_from_plan"]
@@ -80,20 +82,59 @@ class RouteKind:
     NAMES = ("plan", "cold", "plan_down", "stale", "no_plan", "all_down")
 
 
+SHARDS = 64
+SHARD_MASK = SHARDS - 1
+
+
 @dataclass(frozen=True)
 class RoutingTable:
-    """One plan version, mapped onto a gateway's destinations."""
+    """One plan version, mapped onto a gateway's destinations.
+
+    Single-replica keys (the vast majority) map to a plain int, multi-replica keys to a tuple in
+    `multi`: ints are not tracked by Python's cyclic GC, so building a 100k-key table does not
+    trigger collector passes. The single-replica map is split into `SHARDS` dicts by key hash: one
+    100k-entry dict rehashes everything at once when it grows (over a millisecond with the GIL
+    held, stalling every routing thread); shards grow in steps of a few thousand entries.
+    """
 
     version: int
     created_ms: int
-    members: Mapping[str, tuple[int, ...]]
+    shards: tuple[dict[str, int], ...]
+    multi: Mapping[str, tuple[int, ...]]
     unknown_destinations: frozenset[str] = frozenset()
     """Destinations the plan names but this gateway does not know (dropped from every T(b))."""
     unplanned_destinations: frozenset[str] = frozenset()
     """Destinations this gateway knows but the plan does not name (they get P2C traffic only)."""
 
     def __len__(self) -> int:
-        return len(self.members)
+        return sum(len(s) for s in self.shards) + len(self.multi)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.shards[hash(key) & SHARD_MASK] or key in self.multi
+
+    def targets(self, key: str) -> tuple[int, ...]:
+        """T(b) of a key as gateway-local indices (empty for a cold key). Not the hot path."""
+        one = self.shards[hash(key) & SHARD_MASK].get(key)
+        if one is not None:
+            return (one,)
+        return self.multi.get(key, ())
+
+
+def _empty_shards() -> tuple[dict[str, int], ...]:
+    return tuple({} for _ in range(SHARDS))
+
+
+def _split(
+    members: Mapping[str, tuple[int, ...]],
+) -> tuple[tuple[dict[str, int], ...], dict[str, tuple[int, ...]]]:
+    shards = _empty_shards()
+    multi: dict[str, tuple[int, ...]] = {}
+    for k, v in members.items():
+        if len(v) == 1:
+            shards[hash(k) & SHARD_MASK][k] = v[0]
+        else:
+            multi[k] = v
+    return shards, multi
 
 
 def build_table(
@@ -121,7 +162,8 @@ def build_table(
             members[key] = idx
         if pause is not None and yield_every and n % yield_every == 0:
             pause()
-    return RoutingTable(version, created_ms, members, unknown, unplanned)
+    shards, multi = _split(members)
+    return RoutingTable(version, created_ms, shards, multi, unknown, unplanned)
 
 
 @dataclass
@@ -152,7 +194,14 @@ class Router:
         """The destination index for `key` (see the module docstring for the rules)."""
         table = self.table
         if table is not None and not self.stale:
-            members = table.members.get(key)
+            one = table.shards[hash(key) & SHARD_MASK].get(key)
+            if one is not None:
+                if self.up[one]:
+                    self.counts[0] += 1
+                    return one
+                self.counts[2] += 1
+                return self._p2c()
+            members = table.multi.get(key)
             if members is not None:
                 up = self.up
                 inflight = self.inflight
@@ -235,6 +284,10 @@ class Router:
         return i is not None and self.up[i]
 
 
+def _no_pause() -> None:
+    return None
+
+
 def table_from_plan(
     plan: PlanLike,
     gateway_destinations: Sequence[str],
@@ -242,27 +295,44 @@ def table_from_plan(
     yield_every: int = 0,
     pause: Callable[[], None] | None = None,
 ) -> RoutingTable:
-    """A RoutingTable from a planner `Plan` (CSR arrays: keys, offsets, targets)."""
+    """A RoutingTable from a planner `Plan` (CSR arrays: keys, offsets, targets).
+
+    Vectorised with numpy and filled in slices of `yield_every` keys with `pause()` between them,
+    so a background build never holds the GIL for long.
+    """
+    pause = pause or _no_pause
     names = [d.name for d in plan.destinations]
     local = {name: i for i, name in enumerate(gateway_destinations)}
-    lut = [local.get(n, -1) for n in names]
-    offsets = plan.offsets.tolist()
-    targets = [lut[t] for t in plan.targets.tolist()]
-    members: dict[str, tuple[int, ...]] = {}
+    lut = np.array([local.get(n, -1) for n in names] + [-1], dtype=np.int64)
+    offsets = np.asarray(plan.offsets, dtype=np.int64)
+    targets = (
+        lut[np.asarray(plan.targets, dtype=np.int64)]
+        if len(plan.targets)
+        else np.zeros(0, np.int64)
+    )
+    k = np.diff(offsets)
     keys = plan.keys
-    for i, key in enumerate(keys):
-        lo, hi = offsets[i], offsets[i + 1]
-        if hi - lo == 1:
-            t = targets[lo]
-            if t >= 0:
-                members[key] = (t,)
-        else:
-            idx = tuple(t for t in targets[lo:hi] if t >= 0)
-            if idx:
-                members[key] = idx
-        if pause is not None and yield_every and i % yield_every == yield_every - 1:
-            pause()
+    step = yield_every or len(keys) or 1
+    one = np.flatnonzero(k == 1)
+    one_target = targets[offsets[one]] if len(one) else np.zeros(0, np.int64)
+    keep = one_target >= 0
+    one_idx = one[keep]
+    one_val = one_target[keep]
+    pause()
+    shards = _empty_shards()
+    for lo in range(0, len(one_idx), step):
+        idx = one_idx[lo : lo + step].tolist()
+        for key, t in zip([keys[i] for i in idx], one_val[lo : lo + step].tolist(), strict=True):
+            shards[hash(key) & SHARD_MASK][key] = t
+        pause()
+    multi: dict[str, tuple[int, ...]] = {}
+    for i in np.flatnonzero(k > 1).tolist():
+        idx = tuple(t for t in targets[offsets[i] : offsets[i + 1]].tolist() if t >= 0)
+        if len(idx) == 1:
+            shards[hash(keys[i]) & SHARD_MASK][keys[i]] = idx[0]
+        elif idx:
+            multi[keys[i]] = idx
     unknown = frozenset(n for n in names if n not in local)
     planned = set(names)
     unplanned = frozenset(d for d in gateway_destinations if d not in planned)
-    return RoutingTable(plan.version, plan.created_ms, members, unknown, unplanned)
+    return RoutingTable(plan.version, plan.created_ms, shards, multi, unknown, unplanned)

@@ -506,3 +506,28 @@ def bench_emitter_cmd(
     for k, v in result.items():
         table.add_row(k, str(v))
     Console().print(table)
+
+
+@bench.command("dispatcher")
+@click.option("--keys", default=128_824, show_default=True, help="Keys in the workload/plan.")
+@click.option("--destinations", default=30, show_default=True, help="Destinations.")
+@click.option("--decisions", default=1_000_000, show_default=True, help="Routing decisions.")
+@click.option("--seed", default=0, show_default=True, help="Workload seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def bench_dispatcher_cmd(
+    keys: int, destinations: int, decisions: int, seed: int, as_json: bool
+) -> None:
+    """Routing decisions/s, per-call p50/p99, and the worst stall while a new plan is applied."""
+    from cacheroute.dispatcher.dispatcher_bench import bench_dispatcher  # noqa: PLC0415
+
+    with Console(stderr=True).status("routing ..."):
+        result = bench_dispatcher(keys, destinations, decisions, seed)
+    if as_json:
+        click.echo(orjson.dumps(result).decode())
+        return
+    table = Table(title="dispatcher benchmark", title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        table.add_row(k, str(v))
+    Console().print(table)

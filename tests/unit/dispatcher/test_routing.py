@@ -92,7 +92,7 @@ def test_unknown_and_unplanned_destinations_are_reported() -> None:
     assert r.table is not None
     assert r.table.unknown_destinations == frozenset({"d9"})
     assert r.table.unplanned_destinations == frozenset({"d3"})
-    assert "gone" not in r.table.members  # its only destination is unknown here: cold key
+    assert "gone" not in r.table  # its only destination is unknown here: cold key
 
 
 def test_release_never_goes_negative_and_counts_stay_exact_across_threads() -> None:

@@ -1,0 +1,159 @@
+"""`cacheroute bench dispatcher`: routing speed and plan-swap stall inside one CPython process.
+
+Workload: the planner's paper-like 128,824-key workload on 30 destinations; a plan is built with
+the real planner; requests draw keys by rate (so admitted and cold keys mix as in production) and
+hold an in-flight slot (acquire ... release) across a window of 64 outstanding requests.
+
+Figures:
+- decisions_per_s: route + acquire + release per second, single thread, no timers in the loop;
+- p50_ns / p99_ns: latency of single route() calls, timed one by one with perf_counter_ns
+  (`timer_overhead_ns` is the cost of the timer pair itself, measured in the same run);
+- swap_max_stall_ms: the worst single route() latency seen by a routing thread while the main
+  thread applies a new 128k-key plan version (`baseline_max_stall_ms`: the same thread's worst call
+  over an equally long window with no swap, so the scheduler's own noise is visible).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.planner import PlannerParams, build_plan
+from cacheroute.planner.workload import default_q_cap, paper_workload
+
+__all__ = ["bench_dispatcher"]
+
+
+def _stream(keys: list[str], rates: np.ndarray, n: int, rng: np.random.Generator) -> list[str]:
+    p = rates / rates.sum()
+    idx = rng.choice(len(keys), size=n, p=p)
+    return [keys[i] for i in idx.tolist()]
+
+
+def _timed_routes(d: Dispatcher, stream: list[str]) -> list[int]:
+    route = d.route_index
+    clock = time.perf_counter_ns
+    out = [0] * len(stream)
+    for n, key in enumerate(stream):
+        t0 = clock()
+        route(key)
+        out[n] = clock() - t0
+    return out
+
+
+def _stall_during(d: Dispatcher, stream: list[str], action: Any) -> tuple[float, int]:
+    """Max single route() latency (ms) in a routing thread while `action()` runs here."""
+    worst = [0]
+    count = [0]
+    started = threading.Event()
+    stop = threading.Event()
+
+    def router() -> None:
+        route = d.route_index
+        clock = time.perf_counter_ns
+        i = 0
+        n = len(stream)
+        started.set()
+        while not stop.is_set():
+            t0 = clock()
+            route(stream[i])
+            dt = clock() - t0
+            worst[0] = max(worst[0], dt)
+            i = i + 1 if i + 1 < n else 0
+            count[0] += 1
+
+    thread = threading.Thread(target=router)
+    thread.start()
+    started.wait()
+    time.sleep(0.05)
+    worst[0] = 0
+    action()
+    stop.set()
+    thread.join()
+    return worst[0] / 1e6, count[0]
+
+
+def bench_dispatcher(
+    keys: int = 128_824, destinations: int = 30, decisions: int = 1_000_000, seed: int = 0
+) -> dict[str, Any]:
+    """Run the benchmark described in the module docstring."""
+    rng = np.random.default_rng(seed)
+    work = paper_workload(keys, rng)
+    names = [f"d{i}" for i in range(destinations)]
+    total = float(work.rates.sum())
+    params = PlannerParams(q_cap=default_q_cap(total), warm_slots=2048)
+    plan1 = build_plan(
+        work.keys, work.rates, names, params, version=1, created_ms=int(time.time() * 1000)
+    )
+    plan2 = build_plan(
+        work.keys,
+        work.rates[::-1].copy(),
+        names,
+        params,
+        version=2,
+        created_ms=int(time.time() * 1000),
+    )
+    d = Dispatcher(names, rng=random.Random(seed))  # noqa: S311 - load balancing, seeded
+    d.apply_plan(plan1)
+    stream = _stream(work.keys, work.rates, decisions, rng)
+    admitted = set(plan1.keys)
+    admitted_share = sum(1 for k in stream[:100_000] if k in admitted) / min(len(stream), 100_000)
+
+    # throughput: route + acquire + release with 64 requests outstanding
+    route, acquire, release = d.route_index, d.acquire, d.release
+    window: deque[int] = deque()
+    began = time.perf_counter()
+    for key in stream:
+        i = route(key)
+        acquire(i)
+        window.append(i)
+        if len(window) > 64:
+            release(window.popleft())
+    elapsed = time.perf_counter() - began
+    while window:
+        release(window.popleft())
+
+    # per-call latency
+    sample = stream[:200_000]
+    lat = sorted(_timed_routes(d, sample))
+    clock = time.perf_counter_ns
+    overhead = []
+    for _ in range(20_000):
+        t0 = clock()
+        overhead.append(clock() - t0)
+    overhead_ns = statistics.median(overhead)
+
+    # swap stall: apply a new 128k-key version while a thread routes
+    t_apply = [0.0]
+
+    def swap() -> None:
+        t0 = time.perf_counter()
+        d.apply_plan(plan2)
+        t_apply[0] = time.perf_counter() - t0
+
+    stall_ms, routed_during = _stall_during(d, stream, swap)
+    base_ms, _ = _stall_during(d, stream, lambda: time.sleep(max(t_apply[0], 0.05)))
+    return {
+        "keys": keys,
+        "destinations": destinations,
+        "admitted_keys": plan1.n_admitted,
+        "admitted_request_share": round(admitted_share, 4),
+        "decisions": decisions,
+        "decisions_per_s": round(decisions / elapsed),
+        "p50_ns": lat[len(lat) // 2],
+        "p99_ns": lat[int(len(lat) * 0.99)],
+        "p999_ns": lat[int(len(lat) * 0.999)],
+        "timer_overhead_ns": overhead_ns,
+        "swap_max_stall_ms": round(stall_ms, 3),
+        "baseline_max_stall_ms": round(base_ms, 3),
+        "swap_apply_ms": round(t_apply[0] * 1000, 1),
+        "routed_during_swap": routed_during,
+        "version_after_swap": d.version,
+    }
