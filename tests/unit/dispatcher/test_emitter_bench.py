@@ -21,8 +21,10 @@ def test_bench_reports_emit_cost_against_a_same_run_baseline() -> None:
     result = bench_emitter(events=3_000, keys=300, rounds=2)
     assert result["emit_ns"] > 0
     assert result["baseline_ns"] > 0
-    # ratio is rounded to 2 decimals
-    assert result["ratio"] == pytest.approx(result["emit_ns"] / result["baseline_ns"], abs=0.006)
+    # ratio comes from unrounded figures and is rounded to 2 decimals; emit_ns is rounded too
+    assert result["ratio"] == pytest.approx(
+        result["emit_ns"] / result["baseline_ns"], rel=0.02, abs=0.02
+    )
     assert len(result["emit_ns_rounds"]) == 2
     assert result["emit_only_ns"] > 0
     assert result["accepted"] == result["events_sent"] == 6_000
