@@ -472,15 +472,7 @@ def bench_streams_cmd(settings: Any, events: int, keys: int, seed: int, as_json:
     from cacheroute.streamsbench import bench_streams  # noqa: PLC0415 - needs Kafka; lazy
 
     result = bench_streams(settings, events, keys, seed)
-    if as_json:
-        click.echo(orjson.dumps(result).decode())
-        return
-    table = Table(title="streams benchmark", title_justify="left")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for k, v in result.items():
-        table.add_row(k, str(v))
-    Console().print(table)
+    _emit_result("streams benchmark", result, as_json=as_json)
 
 
 @bench.command("emitter")
@@ -497,15 +489,7 @@ def bench_emitter_cmd(
     from cacheroute.dispatcher.emitter_bench import bench_emitter  # noqa: PLC0415
 
     result = bench_emitter(events, keys, seed=seed, settings=settings if broker else None)
-    if as_json:
-        click.echo(orjson.dumps(result).decode())
-        return
-    table = Table(title="emitter benchmark", title_justify="left")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for k, v in result.items():
-        table.add_row(k, str(v))
-    Console().print(table)
+    _emit_result("emitter benchmark", result, as_json=as_json)
 
 
 @bench.command("dispatcher")
@@ -522,10 +506,15 @@ def bench_dispatcher_cmd(
 
     with Console(stderr=True).status("routing ..."):
         result = bench_dispatcher(keys, destinations, decisions, seed)
+    _emit_result("dispatcher benchmark", result, as_json=as_json)
+
+
+def _emit_result(title: str, result: dict[str, Any], *, as_json: bool) -> None:
+    """One JSON object on stdout with --json, else a two-column table."""
     if as_json:
         click.echo(orjson.dumps(result).decode())
         return
-    table = Table(title="dispatcher benchmark", title_justify="left")
+    table = Table(title=title, title_justify="left")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for k, v in result.items():
