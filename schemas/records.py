@@ -62,6 +62,7 @@ class PlanParams:
     control_interval_s: float = 60.0
     imbalance_tolerance: float = 1.05
     hysteresis: float = 0.0
+    admission: str = "rate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,11 @@ class Destination:
 
 @dataclass(frozen=True, slots=True)
 class PlanHeader:
-    """Header/commit record of one plan version (schema `cacheroute.PlanHeader`)."""
+    """Header/commit record of one plan version (schema `cacheroute.PlanHeader`).
+
+    Besides the commit data (chunk count, checksum) it carries every scalar of the planner's `Plan`
+    (totals, stats), so a consumer rebuilds the published plan bit for bit.
+    """
 
     version: int
     created_ms: int
@@ -85,6 +90,19 @@ class PlanHeader:
     checksum: str
     planner_id: str = ""
     expected_load: list[float] = field(default_factory=list)
+    total_rate: float = 0.0
+    cold_rate: float = 0.0
+    planned_keys: int = 0
+    capped_keys: int = 0
+    cutoff: float = 0.0
+    kept_keys: int = 0
+    new_keys: int = 0
+    dropped_keys: int = 0
+    resized_keys: int = 0
+    displaced_replicas: int = 0
+    balanced: int | None = None
+    inputs_until_ms: int = 0
+    protocol: int = 1
 
 
 @dataclass(frozen=True, slots=True)

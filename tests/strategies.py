@@ -58,6 +58,7 @@ plan_headers = st.builds(
         control_interval_s=DOUBLE,
         imbalance_tolerance=DOUBLE,
         hysteresis=DOUBLE,
+        admission=TEXT,
     ),
     destinations=st.lists(st.builds(Destination, name=TEXT, capacity=DOUBLE), max_size=6),
     key_count=LONG,
@@ -65,6 +66,19 @@ plan_headers = st.builds(
     checksum=TEXT,
     planner_id=TEXT,
     expected_load=st.lists(DOUBLE, max_size=6),
+    total_rate=DOUBLE,
+    cold_rate=DOUBLE,
+    planned_keys=LONG,
+    capped_keys=LONG,
+    cutoff=DOUBLE,
+    kept_keys=LONG,
+    new_keys=LONG,
+    dropped_keys=LONG,
+    resized_keys=LONG,
+    displaced_replicas=LONG,
+    balanced=st.none() | INT,
+    inputs_until_ms=LONG,
+    protocol=INT,
 )
 
 plan_chunks = st.builds(

@@ -15,6 +15,7 @@ from cacheroute.cli.bench import bench
 from cacheroute.cli.demo import demo
 from cacheroute.cli.kafka import kafka
 from cacheroute.cli.plan import plan
+from cacheroute.cli.planner import planner
 from cacheroute.cli.streams import streams
 from cacheroute.cli.topics import topics
 from cacheroute.errors import CacheRouteError
@@ -69,6 +70,7 @@ cli.add_command(kafka)
 cli.add_command(topics)
 cli.add_command(demo)
 cli.add_command(plan)
+cli.add_command(planner)
 cli.add_command(bench)
 cli.add_command(streams)
 

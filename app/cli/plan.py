@@ -1,7 +1,9 @@
-"""`cacheroute plan build`: a routing plan from a rates file, offline (no Kafka).
+"""`cacheroute plan build|show|diff`: build a plan offline, or inspect the versions on `plans`.
 
-The planner itself is pure; this is the shell around it: it reads the CSV and the previous plan,
-reads the clock for `created_ms`, turns planner errors into one clear CLI error, and prints.
+The planner itself is pure; this is the shell around it: `build` reads the CSV and the previous
+plan, reads the clock for `created_ms`, turns planner errors into one clear CLI error, and prints.
+`show` and `diff` read the plans topic like a follower does (read_committed, complete and
+checksummed versions only) and print what a version routes where.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import csv
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
@@ -32,12 +35,17 @@ from cacheroute.planner import (
 )
 from cacheroute.settings import Settings
 
+if TYPE_CHECKING:
+    from cacheroute.planservice.reader import LivePlan, PlanHistory
+
 __all__ = ["plan", "read_destinations", "read_plan", "read_rates_csv"]
+
+_TIMEOUT_HELP = "Seconds to read the plans topic to its end."
 
 
 @click.group()
 def plan() -> None:
-    """Build routing plans offline from per-key rates (no Kafka needed)."""
+    """Build routing plans offline (no Kafka), or show and compare the versions on `plans`."""
 
 
 def read_rates_csv(path: Path) -> tuple[list[str], list[float], list[float] | None]:
@@ -262,3 +270,120 @@ def _render(new: Plan, diff: PlanDiff | None, console: Console) -> None:
     for i, dest in enumerate(new.destinations):
         loads.add_row(dest.name, f"{dest.capacity:g}", f"{new.loads[i]:.6g}", str(counts[i]))
     console.print(loads)
+
+
+# ------------------------------------------------------------------------ the plans topic
+def _history(settings: Settings, wanted: set[int], timeout: float) -> PlanHistory:
+    from cacheroute.planservice.reader import read_plan_history  # noqa: PLC0415 - Kafka client
+
+    return read_plan_history(
+        settings, keep=wanted.__contains__, timeout=timeout, now_ms=time.time_ns() // 1_000_000
+    )
+
+
+def _version_of(history: PlanHistory, version: int | None, topic: str) -> LivePlan:
+    if history.live is None:
+        raise CacheRouteError(
+            f"no complete plan version on {topic} ({history.records} records read); is the "
+            "planner running (`cacheroute planner run`)?"
+        )
+    if version is None:
+        return history.live
+    found = history.versions.get(version)
+    if found is None:
+        available = ", ".join(str(v) for v in history.applied) or "none"
+        raise CacheRouteError(
+            f"version {version} is not on {topic} (found: {available}; compaction keeps only the "
+            "newest version)"
+        )
+    return found
+
+
+@plan.command("show")
+@click.option(
+    "--version", "plan_version", type=click.IntRange(min=0), help="[default: the live one]"
+)
+@click.option("--key", help="Also show where this key goes.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the whole plan as JSON (readable by `plan build --prev` and `plan diff`).",
+)
+@click.option("--timeout", default=60.0, show_default=True, help=_TIMEOUT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+def show(
+    settings: Settings,
+    plan_version: int | None,
+    key: str | None,
+    out: Path | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Show a plan version from the plans topic: keys, replicas, expected load, imbalance."""
+    from cacheroute.planservice.report import (  # noqa: PLC0415 - Kafka client behind it
+        key_report,
+        plan_report,
+        render_plan_report,
+    )
+
+    topic = settings.topics["plans"]
+    history = _history(settings, {plan_version} if plan_version is not None else set(), timeout)
+    live = _version_of(history, plan_version, topic)
+    data = plan_report(live, now_ms=time.time_ns() // 1_000_000)
+    data["live_version"] = history.live.version if history.live is not None else None
+    data["versions_on_topic"] = list(history.applied)
+    data["rejected_versions"] = [
+        {"version": r.version, "reason": r.reason, "where": r.where} for r in history.rejected
+    ]
+    if key is not None:
+        data["key"] = key_report(live, key)
+    if out is not None:
+        out.write_bytes(orjson.dumps(plan_to_dict(live.plan)))
+    if as_json:
+        click.echo(orjson.dumps(data))
+        return
+    render_plan_report(data, topic, Console())
+    if out is not None:
+        click.echo(f"plan written to {out}")
+
+
+def _resolve(arg: str, history: PlanHistory | None, topic: str) -> Plan:
+    path = Path(arg)
+    if path.is_file():
+        return read_plan(path)
+    assert history is not None
+    if arg == "live":
+        return _version_of(history, None, topic).plan
+    return _version_of(history, int(arg), topic).plan
+
+
+@plan.command("diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--timeout", default=60.0, show_default=True, help=_TIMEOUT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+def diff(settings: Settings, a: str, b: str, timeout: float, as_json: bool) -> None:
+    """Compare plan A with plan B: moved keys and rate, added/removed keys, loads.
+
+    A and B are versions on the plans topic, `live`, or plan JSON files (`plan show --out`,
+    `plan build --out`). Older versions stay on the topic only until compaction removes them.
+    """
+    from cacheroute.planservice.report import (  # noqa: PLC0415 - Kafka client behind it
+        diff_report,
+        render_diff_report,
+    )
+
+    topic = settings.topics["plans"]
+    for arg in (a, b):
+        if not Path(arg).is_file() and arg != "live" and not arg.isdigit():
+            raise click.BadParameter(f"{arg!r} is neither a version, `live`, nor a plan file")
+    wanted = {int(x) for x in (a, b) if x.isdigit() and not Path(x).is_file()}
+    needs_topic = any(not Path(x).is_file() for x in (a, b))
+    history = _history(settings, wanted, timeout) if needs_topic else None
+    data = diff_report(_resolve(a, history, topic), _resolve(b, history, topic))
+    if as_json:
+        click.echo(orjson.dumps(data))
+        return
+    render_diff_report(data, Console())

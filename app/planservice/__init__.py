@@ -1,0 +1,43 @@
+"""The planner service and the plan-topic protocol's Kafka side (`cacheroute.planservice`).
+
+The pure parts live in `cacheroute.planner` (protocol encoding, assembly, smoothing); this package
+wires them to Kafka:
+
+  follower   PlanFollower: the reusable reader a gateway embeds
+  reader     LivePlan, one-shot reads of the topic (scan_plans, read_plan_history)
+  publisher  PlanPublisher: one transaction per version, fencing, version recovery
+  leader     Leadership: which instance is active (group ownership of the plans partition)
+  rates      RatesSource: every partition of `rates` from a look-back point
+  service    PlannerService: the run loop of `cacheroute planner run`
+  report     what `plan show` / `plan diff` print
+  config     PlannerServiceConfig and its TOML loader
+  metrics    Prometheus metrics (private registries)
+
+The protocol is described in docs/PLAN_PROTOCOL.md.
+"""
+
+from cacheroute.planservice.config import PlannerServiceConfig, load_service_config
+from cacheroute.planservice.follower import FollowerConfig, FollowerStatus, PlanFollower
+from cacheroute.planservice.metrics import FollowerMetrics, PlannerMetrics
+from cacheroute.planservice.publisher import FencedError, PlanPublisher, PublishResult, Recovery
+from cacheroute.planservice.reader import LivePlan, PlanHistory, read_plan_history, scan_plans
+from cacheroute.planservice.service import PlannerService
+
+__all__ = [
+    "FencedError",
+    "FollowerConfig",
+    "FollowerMetrics",
+    "FollowerStatus",
+    "LivePlan",
+    "PlanFollower",
+    "PlanHistory",
+    "PlanPublisher",
+    "PlannerMetrics",
+    "PlannerService",
+    "PlannerServiceConfig",
+    "PublishResult",
+    "Recovery",
+    "load_service_config",
+    "read_plan_history",
+    "scan_plans",
+]

@@ -1,0 +1,392 @@
+"""The planner service: rates in, plan versions out, one active instance at a time.
+
+One thread runs the loop; each step:
+  1. leadership: poll the group (`Leadership`); on becoming active, start a publisher (which fences
+     any older instance and recovers the next version and the live plan) and plan at once; on
+     losing the partition, step down to standby;
+  2. rates: read a batch of KeyRate records (active and standby alike, so a standby has warm
+     state), keep the latest per (key, window), fold complete windows into the EWMA;
+  3. when active and a control interval has passed: build with the live plan as `prev`
+     (churn-aware), ask the publish advisor, publish or skip, and count and log why.
+
+The planner core is pure; this shell owns the clocks, Kafka and the metrics. A planner error keeps
+the live plan; a publish that fails leaves the previous version live (the transaction is aborted);
+being fenced means another instance is active, so this one steps down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import KafkaException, Producer
+
+from cacheroute.errors import CacheRouteError
+from cacheroute.kafkaio import producer_config
+from cacheroute.planner import Plan, PlannerError, advise, build_plan, plan_diff
+from cacheroute.planner.smoothing import RateSmoother, RatesSnapshot
+from cacheroute.planservice.config import PlannerServiceConfig
+from cacheroute.planservice.leader import Leadership
+from cacheroute.planservice.metrics import PlannerMetrics
+from cacheroute.planservice.publisher import FencedError, PlanPublisher
+from cacheroute.planservice.rates import RatesBatch, RatesSource
+from cacheroute.settings import Settings
+from cacheroute.topics import make_admin
+
+__all__ = ["PlannerService"]
+
+log = logging.getLogger(__name__)
+
+_RATES_BATCH = 5000
+_RETRY_S = 2.0
+
+
+class PlannerService:
+    """One planner instance (see the module docstring). `run(stop)` until `stop` is set."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: PlannerServiceConfig,
+        *,
+        metrics: PlannerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_chunk: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.metrics = metrics or PlannerMetrics.create()
+        self.planner_id = config.planner_id or "planner"
+        self._clock = clock
+        self._mono = monotonic
+        self._on_chunk = on_chunk
+        self._leadership: Leadership | None = None
+        self._rates: RatesSource | None = None
+        self._smoother: RateSmoother | None = None
+        self._publisher: PlanPublisher | None = None
+        self._dead_letters: Producer | None = None
+        self._live: Plan | None = None
+        self._active = False
+        self._next_tick = float("inf")
+        self._retry_at = 0.0
+        self._last_lag_check = 0.0
+        self._windows_planned = -1
+
+    # ------------------------------------------------------------------------- lifecycle
+    @property
+    def active(self) -> bool:
+        """Whether this instance is the one publishing."""
+        return self._active
+
+    @property
+    def live(self) -> Plan | None:
+        """The live plan as this instance knows it (the last one it published or recovered)."""
+        return self._live
+
+    def open(self) -> None:
+        """Connect: rates from the look-back point, then join the planner group."""
+        plans = self.settings.topics["plans"]
+        try:
+            present = plans in make_admin(self.settings.bootstrap).list_topics(timeout=30).topics
+        except KafkaException as exc:
+            raise CacheRouteError(
+                f"no Kafka broker answers at {self.settings.bootstrap} ({exc})", retriable=True
+            ) from exc
+        if not present:  # the group would wait for the topic forever, silently
+            raise CacheRouteError(
+                f"topic {plans} does not exist; create the topics with `cacheroute topics ensure`"
+            )
+        start_ms = self._now_ms() - round(self.config.lookback_s * 1000)
+        self._rates = RatesSource(
+            self.settings, start_ms=start_ms, client_id=f"cacheroute-planner[{self.planner_id}]"
+        )
+        self._smoother = RateSmoother(self.config.smoothing, self._rates.partitions)
+        self._dead_letters = Producer(producer_config(self.settings))
+        self._leadership = Leadership(
+            self.settings,
+            group_id=self.config.group_id(self.settings.topic_prefix),
+            member=self.planner_id,
+            session_timeout_ms=self.config.session_timeout_ms,
+        )
+        log.warning(
+            "planner %s started: %d destinations, q_cap %g, W %d, interval %gs, EWMA alpha %g; "
+            "reading %s (%d partitions) from %gs back; waiting for the %s group to pick the "
+            "active instance",
+            self.planner_id,
+            len(self.config.destinations),
+            self.config.params.q_cap,
+            self.config.params.warm_slots,
+            self.config.interval_s,
+            self.config.smoothing.alpha,
+            self._rates.topic,
+            self._rates.partitions,
+            self.config.lookback_s,
+            self.config.group_id(self.settings.topic_prefix),
+        )
+
+    def close(self) -> None:
+        """Leave the group first (a standby takes over at once), then close the clients."""
+        if self._leadership is not None:
+            self._leadership.close()
+        self._step_down(None)
+        if self._rates is not None:
+            self._rates.close()
+            self._rates = None
+        if self._dead_letters is not None:
+            self._dead_letters.flush(5)
+            self._dead_letters = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Open, loop until `stop` is set, close (also on errors)."""
+        try:
+            self.open()
+            while not stop.is_set():
+                self.step()
+        finally:
+            self.close()
+            log.warning("planner %s stopped", self.planner_id)
+
+    # ------------------------------------------------------------------------------ loop
+    def step(self) -> None:
+        """One iteration: leadership, a batch of rates, and a plan when one is due."""
+        assert self._leadership is not None
+        leader = self._leadership.poll()
+        now = self._mono()
+        if leader and not self._active and now >= self._retry_at:
+            self._activate()
+        elif not leader and self._active:
+            self._step_down("another instance holds the plans partition now")
+        self._read_rates(0.05 if self._active else 0.2)
+        if self._active and self._mono() >= self._next_tick:
+            self._next_tick = self._mono() + self.config.interval_s
+            self._tick()
+
+    def _activate(self) -> None:
+        log.warning(
+            "planner %s is now the active instance: fencing older ones and recovering the plans "
+            "topic",
+            self.planner_id,
+        )
+        publisher = PlanPublisher(
+            self.settings,
+            transactional_id=self.config.transactional_id(self.settings.topic_prefix),
+            planner_id=self.planner_id,
+            max_chunk_bytes=self.config.max_chunk_bytes,
+            transaction_timeout_ms=self.config.transaction_timeout_ms,
+            on_chunk=self._on_chunk,
+        )
+        try:
+            recovery = publisher.start()
+        except CacheRouteError as exc:
+            publisher.close()
+            self._retry_at = self._mono() + _RETRY_S
+            log.error("could not become active: %s; retrying in %gs", exc, _RETRY_S)
+            return
+        self._publisher = publisher
+        self._live = recovery.live.plan if recovery.live is not None else None
+        self._active = True
+        self._windows_planned = -1
+        self._next_tick = self._mono()  # plan at once: the old active one may be long gone
+        self.metrics.active.set(1)
+        self.metrics.takeovers.inc()
+        if self._live is not None:
+            self._plan_gauges(self._live)
+        log.warning(
+            "recovered %s in %.2fs: live version %s, next version %d (%d records read)",
+            self.settings.topics["plans"],
+            recovery.seconds,
+            "none" if recovery.live is None else recovery.live.version,
+            recovery.next_version,
+            recovery.records,
+        )
+
+    def _step_down(self, reason: str | None) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
+        if self._active and reason is not None:
+            log.warning("planner %s steps down to standby: %s", self.planner_id, reason)
+        self._active = False
+        self._next_tick = float("inf")
+        self.metrics.active.set(0)
+
+    # ----------------------------------------------------------------------------- rates
+    def _read_rates(self, timeout: float) -> None:
+        assert self._rates is not None
+        assert self._smoother is not None
+        batch = self._rates.poll(_RATES_BATCH, timeout)
+        now_ms = self._now_ms()
+        outcomes = {"accepted": 0, "replaced": 0, "late": 0, "invalid": 0}
+        for partition, rate in batch.rates:
+            outcomes[self._smoother.add(rate, partition, now_ms)] += 1
+        for outcome, count in outcomes.items():
+            if count:
+                self.metrics.rates_records.labels(outcome).inc(count)
+        if outcomes["invalid"]:
+            log.warning("%d KeyRate records with impossible values ignored", outcomes["invalid"])
+        if batch.garbage:
+            self._garbage(batch)
+        folded = self._smoother.advance(now_ms)
+        if folded:
+            self.metrics.windows_folded.inc(len(folded))
+            log.info(
+                "folded %d rate window(s) ending %s: %d keys tracked",
+                len(folded),
+                time.strftime("%H:%M:%S", time.gmtime(self._smoother.newest_end_ms / 1000)),
+                self._smoother.tracked_keys,
+            )
+        self.metrics.tracked_keys.set(self._smoother.tracked_keys)
+        if self._smoother.newest_end_ms:
+            lag = (now_ms - self._smoother.newest_end_ms) / 1000
+            self.metrics.input_lag_seconds.set(lag)
+        mono = self._mono()
+        if mono - self._last_lag_check >= 5.0:
+            self._last_lag_check = mono
+            self.metrics.rates_lag_records.set(self._rates.lag())
+
+    def _garbage(self, batch: RatesBatch) -> None:
+        self.metrics.rates_records.labels("garbage").inc(len(batch.garbage))
+        for value, key, reason, where in batch.garbage:
+            log.warning("undecodable record %s: %s", where, reason)
+            if self._active and self._dead_letters is not None:  # standbys count, not re-send
+                self._dead_letters.produce(
+                    self.settings.topics["dead_letter"],
+                    value=value,
+                    key=key,
+                    headers=[
+                        ("cacheroute.reason", reason.encode()),
+                        ("cacheroute.source", where.encode()),
+                        ("cacheroute.stage", b"planner"),
+                    ],
+                )
+                self._dead_letters.poll(0)
+
+    # ------------------------------------------------------------------------------ plan
+    def _tick(self) -> None:
+        assert self._smoother is not None
+        assert self._publisher is not None
+        snap = self._smoother.snapshot()
+        now_ms = self._now_ms()
+        live = self._live
+        max_age = self.config.plan_max_age_s
+        refresh = live is not None and max_age > 0 and now_ms - live.created_ms >= max_age * 1000
+        if len(snap) == 0:
+            if refresh and live is not None:
+                self._refresh(live, now_ms, snap)
+            else:
+                self._skip("no-rates", "no complete rate window yet")
+            return
+        if live is not None and snap.windows == self._windows_planned and not refresh:
+            self._skip(
+                "no-new-rates", f"no rate window completed since the last plan ({snap.windows})"
+            )
+            return
+        self._windows_planned = snap.windows
+        tokens = snap.prefix_tokens if self.config.params.admission == "bytes" else None
+        started = time.perf_counter()
+        try:
+            candidate = build_plan(
+                snap.keys,
+                snap.rates,
+                self.config.destinations,
+                self.config.params,
+                prev=live,
+                prefix_tokens=tokens,
+                version=self._publisher.next_version,
+                created_ms=now_ms,
+            )
+            candidate.validate()
+        except PlannerError as exc:
+            self._skip("build-failed", f"{exc}; the live plan stays")
+            log.error("building a plan failed: %s; version %s stays live", exc, _v(live))
+            return
+        self.metrics.build_seconds.observe(time.perf_counter() - started)
+        advice = advise(
+            live,
+            candidate,
+            snap.keys,
+            snap.rates,
+            prefix_tokens=tokens,
+            rewarm_s=self.config.rewarm_s,
+        )
+        if advice.publish:
+            self._publish(candidate, "advisor", "; ".join(advice.reasons), snap)
+        elif refresh and live is not None:
+            self._refresh(live, now_ms, snap)
+        else:
+            self._skip("advisor", advice.reasons[0])
+
+    def _refresh(self, live: Plan, now_ms: int, snap: RatesSnapshot) -> None:
+        assert self._publisher is not None
+        again = dataclasses.replace(live, version=self._publisher.next_version, created_ms=now_ms)
+        self._publish(
+            again,
+            "refresh",
+            f"live plan v{live.version} is older than {self.config.plan_max_age_s:g}s; same routing",
+            snap,
+        )
+
+    def _publish(self, plan: Plan, kind: str, why: str, snap: RatesSnapshot) -> None:
+        assert self._publisher is not None
+        prev = self._live
+        try:
+            result = self._publisher.publish(plan, inputs_until_ms=snap.newest_end_ms)
+        except FencedError as exc:
+            self.metrics.fenced.inc()
+            log.error("%s; stepping down to standby", exc)
+            self._step_down("fenced by a newer instance")
+            assert self._leadership is not None
+            self._leadership.rejoin()
+            return
+        except CacheRouteError as exc:
+            self._skip("publish-failed", str(exc))
+            log.error("%s", exc)
+            if not self._publisher.usable:
+                self._step_down("the publisher cannot continue; re-activating")
+                self._retry_at = self._mono() + _RETRY_S
+            return
+        self._live = plan
+        self.metrics.publishes.labels(kind).inc()
+        self.metrics.publish_seconds.observe(result.seconds)
+        self.metrics.publish_bytes.set(result.bytes)
+        self.metrics.publish_chunks.set(result.chunks)
+        moved = plan_diff(prev, plan).changed_rate_fraction if prev is not None else 1.0
+        self.metrics.moved_rate_fraction.set(moved)
+        self._plan_gauges(plan)
+        log.warning(
+            "published plan v%d (%s: %s): %d admitted keys, sum k %d/%d, max/mean %.3f, moved "
+            "rate %.1f%%; %d chunks, %d tombstones, %d bytes in %.2fs",
+            plan.version,
+            kind,
+            why,
+            plan.n_admitted,
+            plan.slots_used,
+            plan.params.capacity_slots(len(plan.destinations)),
+            plan.max_over_mean(),
+            100 * moved,
+            result.chunks,
+            result.tombstones,
+            result.bytes,
+            result.seconds,
+        )
+
+    def _plan_gauges(self, plan: Plan) -> None:
+        self.metrics.version.set(plan.version)
+        self.metrics.admitted_keys.set(plan.n_admitted)
+        self.metrics.slots_used.set(plan.slots_used)
+        self.metrics.imbalance.set(plan.max_over_mean())
+
+    def _skip(self, reason: str, detail: str) -> None:
+        self.metrics.skips.labels(reason).inc()
+        log.info("not publishing (%s): %s", reason, detail)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def _v(plan: Plan | None) -> str:
+    return "none" if plan is None else str(plan.version)

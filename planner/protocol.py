@@ -1,0 +1,390 @@
+"""The plan-topic protocol, pure: a Plan as chunk and header records, and back, bit for bit.
+
+A plan of 100k+ admitted keys does not fit in one Kafka message (1 MB by default), so a version is
+published as `chunk_count` PlanChunk records under the compaction-stable keys `chunk/00000`,
+`chunk/00001`, ... followed by one PlanHeader under the key `header`: the commit record, carrying the
+version, the chunk count, a sha256 over the chunk values and every scalar of the Plan. The Kafka
+side (one transaction per version, tombstones, recovery) lives in `cacheroute.planservice`; this
+module only turns plans into bytes and bytes into verified plans, so it is tested without a broker.
+The full protocol is in docs/PLAN_PROTOCOL.md.
+
+Chunks are cut by an *upper bound* of their encoded size rather than by a fixed entry count: keys
+can be up to a kilobyte long, so a fixed count could exceed the message limit for long keys and
+waste records for short ones. The bound is exact arithmetic on Avro's varint widths, so a chunk is
+never larger than `max_chunk_bytes`, without encoding twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from cacheroute.planner.errors import PlannerError
+from cacheroute.planner.params import PlannerParams
+from cacheroute.planner.plan import Destination, IntArray, Plan, PlanStats
+from cacheroute.schemas import Destination as DestinationRecord
+from cacheroute.schemas import (
+    PlanChunk,
+    PlanEntry,
+    PlanHeader,
+    PlanParams,
+    SchemaError,
+    codec_for,
+)
+
+__all__ = [
+    "CHUNK_KEY_PREFIX",
+    "DEFAULT_MAX_CHUNK_BYTES",
+    "HARD_MAX_CHUNK_BYTES",
+    "HEADER_KEY",
+    "PROTOCOL_REVISION",
+    "EncodedPlan",
+    "KeyKind",
+    "ProtocolError",
+    "chunk_bounds",
+    "chunk_checksum",
+    "chunk_key",
+    "decode_chunks",
+    "encode_plan",
+    "header_for",
+    "parse_key",
+    "peek_chunk",
+    "plan_from_records",
+]
+
+PROTOCOL_REVISION = 1
+"""`PlanHeader.protocol` of this key layout and these commit rules."""
+
+HEADER_KEY = b"header"
+"""Record key of every version's header (compaction keeps only the newest)."""
+CHUNK_KEY_PREFIX = b"chunk/"
+"""Chunk `i` of any version is keyed `chunk/{i:05d}`: stable across versions, so compaction keeps
+exactly the newest version's chunk per index; indices a version no longer uses get tombstones."""
+
+DEFAULT_MAX_CHUNK_BYTES = 256 * 1024
+"""A quarter of Kafka's default 1 MB message limit: headroom for record overhead and for brokers
+configured below the default, and small enough that a follower's per-record work stays short."""
+HARD_MAX_CHUNK_BYTES = 900 * 1024
+"""No chunk may be larger (the broker's default max.message.bytes is 1 MiB + 12 bytes)."""
+
+# Avro binary widths: a long/int varint takes at most 10/5 bytes, a double exactly 8.
+_LONG_MAX = 10
+_INT_MAX = 5
+_DOUBLE = 8
+_SINGLE_OBJECT_PREFIX = 10  # marker C3 01 + 8-byte fingerprint
+_CHUNK_OVERHEAD = _SINGLE_OBJECT_PREFIX + _LONG_MAX + _INT_MAX + _LONG_MAX + 1
+"""Prefix, version, index, the entries array's block count and its end marker."""
+
+
+class ProtocolError(PlannerError):
+    """Records that do not make up a valid plan version (incomplete, corrupt or inconsistent).
+
+    Never retriable: the same records fail the same way. A follower keeps its live plan.
+    """
+
+
+KeyKind = Literal["header", "chunk", "other"]
+
+
+def chunk_key(index: int) -> bytes:
+    """The record key of chunk `index`."""
+    return CHUNK_KEY_PREFIX + b"%05d" % index
+
+
+def parse_key(key: bytes | None) -> tuple[KeyKind, int]:
+    """("header", -1), ("chunk", index) or ("other", -1) for anything else (ignored by readers)."""
+    if key == HEADER_KEY:
+        return "header", -1
+    if key is not None and key.startswith(CHUNK_KEY_PREFIX):
+        digits = key[len(CHUNK_KEY_PREFIX) :]
+        if digits.isdigit() and len(digits) >= 5:
+            return "chunk", int(digits)
+    return "other", -1
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPlan:
+    """One plan version as the bytes that go on the topic (chunks in index order, then header)."""
+
+    version: int
+    header: PlanHeader
+    header_bytes: bytes
+    chunks: tuple[bytes, ...]
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of all chunk values (before Kafka's compression)."""
+        return sum(len(c) for c in self.chunks)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all record values of this version (before Kafka's compression)."""
+        return self.chunk_bytes + len(self.header_bytes)
+
+
+def chunk_checksum(chunks: Sequence[bytes | bytearray | memoryview]) -> str:
+    """sha256 hex digest over the chunk values, concatenated in index order."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _varint_len(n: int) -> int:
+    """Bytes of Avro's zig-zag varint for a non-negative n."""
+    z = n << 1
+    return max(1, math.ceil(z.bit_length() / 7))
+
+
+def chunk_bounds(
+    plan: Plan, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
+) -> list[tuple[int, int]]:
+    """Entry ranges [start, end) of the chunks: each chunk's encoded size is <= max_chunk_bytes.
+
+    The per-entry bound is the key's UTF-8 length with its length varint, the destination array
+    (block count, one int varint per index, end marker) and the 8-byte rate; the destination index
+    width comes from the number of destinations, so the bound is tight for real plans.
+    """
+    if max_chunk_bytes > HARD_MAX_CHUNK_BYTES:
+        raise ProtocolError(
+            f"max_chunk_bytes {max_chunk_bytes} exceeds {HARD_MAX_CHUNK_BYTES} (Kafka's message "
+            "limit with headroom); use a smaller value"
+        )
+    n = plan.n_admitted
+    if n == 0:
+        return []
+    r = len(plan.destinations)
+    index_width = _varint_len(max(r - 1, 0))
+    key_len = np.fromiter((len(k.encode("utf-8")) for k in plan.keys), np.int64, count=n)
+    k = plan.replicas()
+    entry = key_len + _INT_MAX + _INT_MAX + k * index_width + 1 + _DOUBLE
+    budget = max_chunk_bytes - _CHUNK_OVERHEAD
+    too_big = np.flatnonzero(entry > budget)
+    if too_big.size:
+        i = int(too_big[0])
+        raise ProtocolError(
+            f"key {plan.keys[i]!r} alone needs up to {int(entry[i])} bytes, more than a chunk of "
+            f"{max_chunk_bytes}; raise max_chunk_bytes or shorten the key"
+        )
+    cum = np.cumsum(entry)
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < n:
+        base = int(cum[start - 1]) if start else 0
+        end = int(np.searchsorted(cum, base + budget, side="right"))
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def header_for(
+    plan: Plan,
+    *,
+    chunk_count: int,
+    checksum: str,
+    planner_id: str = "",
+    inputs_until_ms: int = 0,
+) -> PlanHeader:
+    """The header record of `plan`: commit data plus every scalar of the Plan."""
+    p = plan.params
+    s = plan.stats
+    return PlanHeader(
+        version=plan.version,
+        created_ms=plan.created_ms,
+        params=PlanParams(
+            q_cap=p.q_cap,
+            warm_slots=p.warm_slots,
+            control_interval_s=p.control_interval_s,
+            imbalance_tolerance=p.imbalance_tolerance,
+            hysteresis=p.hysteresis,
+            admission=p.admission,
+        ),
+        destinations=[DestinationRecord(d.name, d.capacity) for d in plan.destinations],
+        key_count=plan.n_admitted,
+        chunk_count=chunk_count,
+        checksum=checksum,
+        planner_id=planner_id,
+        expected_load=plan.loads.tolist(),
+        total_rate=plan.total_rate,
+        cold_rate=plan.cold_rate,
+        planned_keys=s.keys,
+        capped_keys=s.capped_keys,
+        cutoff=s.cutoff,
+        kept_keys=s.kept_keys,
+        new_keys=s.new_keys,
+        dropped_keys=s.dropped_keys,
+        resized_keys=s.resized_keys,
+        displaced_replicas=s.displaced_replicas,
+        balanced=None if s.balanced is None else int(s.balanced),
+        inputs_until_ms=inputs_until_ms,
+        protocol=PROTOCOL_REVISION,
+    )
+
+
+def encode_plan(
+    plan: Plan,
+    *,
+    planner_id: str = "",
+    inputs_until_ms: int = 0,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+) -> EncodedPlan:
+    """The records of one version: chunk values in index order and the header that commits them.
+
+    Values are validated against the schema only for the header (small); chunk values come from a
+    validated Plan (ints in range, finite rates), so the per-entry schema check is skipped: it would
+    double the encoding time of a 200k-key plan for nothing.
+    """
+    chunk_codec = codec_for(PlanChunk)
+    flat = plan.targets.tolist()
+    offsets = plan.offsets.tolist()
+    rates = plan.rates.tolist()
+    keys = plan.keys
+    chunks: list[bytes] = []
+    for index, (start, end) in enumerate(chunk_bounds(plan, max_chunk_bytes)):
+        entries = [
+            PlanEntry(keys[i], flat[offsets[i] : offsets[i + 1]], rates[i])
+            for i in range(start, end)
+        ]
+        blob = chunk_codec.encode(PlanChunk(plan.version, index, entries), validate=False)
+        if len(blob) > max_chunk_bytes:  # cannot happen: the bound is an upper bound
+            raise ProtocolError(f"chunk {index} is {len(blob)} bytes, over {max_chunk_bytes}")
+        chunks.append(blob)
+    header = header_for(
+        plan,
+        chunk_count=len(chunks),
+        checksum=chunk_checksum(chunks),
+        planner_id=planner_id,
+        inputs_until_ms=inputs_until_ms,
+    )
+    return EncodedPlan(
+        version=plan.version,
+        header=header,
+        header_bytes=codec_for(PlanHeader).encode(header),
+        chunks=tuple(chunks),
+    )
+
+
+def peek_chunk(value: bytes | bytearray | memoryview | None) -> tuple[int, int] | None:
+    """(version, index) of an encoded PlanChunk without decoding its entries; None if it is not one.
+
+    Readers buffer chunk bytes and decode only the version they apply (a follower catching up on an
+    uncompacted topic skips the older versions' entries entirely). The two leading fields of the
+    Avro body are the version (long) and the index (int), zig-zag varints right after the
+    single-object prefix; the full decode at apply time still validates everything.
+    """
+    if value is None or len(value) < _SINGLE_OBJECT_PREFIX + 2:
+        return None
+    if bytes(value[:_SINGLE_OBJECT_PREFIX]) != codec_for(PlanChunk).prefix:
+        return None
+    pos = _SINGLE_OBJECT_PREFIX
+    fields: list[int] = []
+    for width in (_LONG_MAX, _INT_MAX):
+        result = shift = 0
+        for _ in range(width):
+            if pos >= len(value):
+                return None
+            byte = value[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        else:
+            return None
+        fields.append((result >> 1) ^ -(result & 1))
+    return fields[0], fields[1]
+
+
+def decode_chunks(
+    header: PlanHeader, values: Sequence[bytes | bytearray | memoryview]
+) -> list[PlanChunk]:
+    """Decode the chunk values of `header`'s version; SchemaError becomes ProtocolError."""
+    codec = codec_for(PlanChunk)
+    out: list[PlanChunk] = []
+    for i, value in enumerate(values):
+        try:
+            out.append(codec.decode(value))
+        except SchemaError as exc:
+            raise ProtocolError(
+                f"version {header.version}: chunk {i} does not decode: {exc}"
+            ) from exc
+    return out
+
+
+def plan_from_records(header: PlanHeader, chunks: Sequence[PlanChunk]) -> Plan:
+    """The Plan a header and its chunks (in index order) describe, validated.
+
+    Raises ProtocolError when the records disagree with each other (count, version, index, key
+    count, destination count) and PlannerError when the plan they describe breaks an invariant.
+    """
+    v = header.version
+    if len(chunks) != header.chunk_count:
+        raise ProtocolError(
+            f"version {v}: {len(chunks)} chunks, the header says {header.chunk_count}"
+        )
+    for i, chunk in enumerate(chunks):
+        if chunk.version != v or chunk.index != i:
+            raise ProtocolError(
+                f"version {v}: chunk {i} is chunk {chunk.index} of version {chunk.version}"
+            )
+    keys = tuple(e.key for c in chunks for e in c.entries)
+    if len(keys) != header.key_count:
+        raise ProtocolError(f"version {v}: {len(keys)} keys, the header says {header.key_count}")
+    dests = tuple(Destination(d.name, d.capacity) for d in header.destinations)
+    if len(header.expected_load) != len(dests):
+        raise ProtocolError(
+            f"version {v}: {len(header.expected_load)} expected loads for {len(dests)} destinations"
+        )
+    counts = np.fromiter(
+        (len(e.destinations) for c in chunks for e in c.entries), np.int64, count=len(keys)
+    )
+    offsets: IntArray = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    targets = np.fromiter(
+        (d for c in chunks for e in c.entries for d in e.destinations),
+        np.int64,
+        count=int(offsets[-1]),
+    )
+    rates = np.fromiter((e.rate for c in chunks for e in c.entries), np.float64, count=len(keys))
+    p = header.params
+    if p.admission not in ("rate", "bytes"):
+        raise ProtocolError(f"version {v}: unknown admission mode {p.admission!r}")
+    params = PlannerParams(
+        q_cap=p.q_cap,
+        warm_slots=p.warm_slots,
+        control_interval_s=p.control_interval_s,
+        imbalance_tolerance=p.imbalance_tolerance,
+        hysteresis=p.hysteresis,
+        admission="bytes" if p.admission == "bytes" else "rate",
+    )
+    plan = Plan(
+        version=v,
+        created_ms=header.created_ms,
+        params=params,
+        destinations=dests,
+        keys=keys,
+        rates=rates,
+        offsets=offsets,
+        targets=targets,
+        loads=np.array(header.expected_load, dtype=np.float64),
+        total_rate=header.total_rate,
+        cold_rate=header.cold_rate,
+        stats=PlanStats(
+            keys=header.planned_keys,
+            capped_keys=header.capped_keys,
+            cutoff=header.cutoff,
+            kept_keys=header.kept_keys,
+            new_keys=header.new_keys,
+            dropped_keys=header.dropped_keys,
+            resized_keys=header.resized_keys,
+            displaced_replicas=header.displaced_replicas,
+            balanced=None if header.balanced is None else bool(header.balanced),
+        ),
+    )
+    plan.validate()
+    return plan

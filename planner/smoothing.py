@@ -1,0 +1,226 @@
+"""Per-key rates for the planner: the latest KeyRate per (key, window), smoothed across windows.
+
+The streams agent emits one KeyRate per key per closed window, at least once, from every `rates`
+partition independently (each partition closes a window when its own watermark passes it). So the
+smoother (1) keeps the latest record per (key, window) while a window is open here, (2) decides when
+a window is complete, and (3) folds complete windows, oldest first, into an exponentially weighted
+moving average per key:
+
+    s_key <- alpha * rate_key(w) + (1 - alpha) * s_key      (a key absent from w has rate 0)
+
+A key seen for the first time starts at its observed rate (no warm-up bias towards 0), and a key
+absent from `forget_after_windows` folded windows in a row is forgotten, which bounds memory.
+
+A window is complete when every partition has reported a *later* window (it has certainly closed
+w), or when every partition has reported w and no record of w arrived for `settle_ms`, or, for
+partitions that carry no traffic at all, `max_wait_ms` after w's first record. Records for a window
+that is already folded are late: counted and dropped (folding cannot be undone). Windows with no
+records at all are not folded as zeros: a gap is more likely a stalled stream than silence.
+
+Pure: time comes in as `now_ms` / `arrived_ms` arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from cacheroute.planner.errors import PlannerError
+from cacheroute.planner.plan import FloatArray, IntArray
+from cacheroute.schemas import KeyRate
+
+__all__ = ["AddResult", "RateSmoother", "RatesSnapshot", "SmoothingParams"]
+
+AddResult = Literal["accepted", "replaced", "late", "invalid"]
+
+
+@dataclass(frozen=True, slots=True)
+class SmoothingParams:
+    """How rates are smoothed and when a window counts as complete."""
+
+    alpha: float = 0.5
+    """Weight of the newest window in (0, 1]; 1 means no smoothing (the last window only)."""
+    settle_ms: int = 2_000
+    """Quiet time after a window's last record before it folds (once all partitions reported it)."""
+    max_wait_ms: int = 30_000
+    """A window folds this long after its first record even if some partition never reported."""
+    forget_after_windows: int = 10
+    """A key absent from this many folded windows in a row is forgotten."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
+            raise PlannerError(f"EWMA alpha must be in (0, 1], got {self.alpha!r}")
+        if self.settle_ms < 0 or self.max_wait_ms < 0:
+            raise PlannerError("settle_ms and max_wait_ms must be >= 0")
+        if self.forget_after_windows < 1:
+            raise PlannerError("forget_after_windows must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RatesSnapshot:
+    """Smoothed rates of every tracked key (the planner's input), in first-seen order."""
+
+    keys: tuple[str, ...]
+    rates: FloatArray  # (n_keys,) requests/s, finite, >= 0
+    prefix_tokens: FloatArray  # (n_keys,) mean reusable prefix tokens per request (last known)
+    windows: int
+    """Windows folded so far."""
+    newest_end_ms: int
+    """End of the newest folded window (0 when none)."""
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(slots=True)
+class _Window:
+    start: int
+    end: int
+    first_ms: int
+    last_ms: int
+    records: dict[str, tuple[float, int, int]] = field(default_factory=dict)
+    """key -> (rate, count, prefix_tokens_sum) of the latest record."""
+
+
+class RateSmoother:
+    """The EWMA state of the planner service (see the module docstring)."""
+
+    def __init__(self, params: SmoothingParams, partitions: int) -> None:
+        if partitions < 1:
+            raise PlannerError("the rates topic needs at least one partition")
+        self.params = params
+        self._partitions = partitions
+        self._progress = [-1] * partitions  # newest window start reported per partition
+        self._pending: dict[int, _Window] = {}
+        self._last_folded = -(2**63)
+        self._folded = 0
+        self._newest_end = 0
+        self._keys: list[str] = []
+        self._index: dict[str, int] = {}
+        self._smoothed: FloatArray = np.zeros(0, dtype=np.float64)
+        self._idle: IntArray = np.zeros(0, dtype=np.int64)
+        self._tokens: FloatArray = np.zeros(0, dtype=np.float64)
+
+    # ------------------------------------------------------------------------------- views
+    @property
+    def tracked_keys(self) -> int:
+        """Keys with a smoothed rate."""
+        return len(self._keys)
+
+    @property
+    def pending_windows(self) -> tuple[int, ...]:
+        """Starts of windows holding records that are not folded yet."""
+        return tuple(sorted(self._pending))
+
+    @property
+    def folded_windows(self) -> int:
+        """Windows folded into the averages so far."""
+        return self._folded
+
+    @property
+    def newest_end_ms(self) -> int:
+        """End of the newest folded window (0 when none)."""
+        return self._newest_end
+
+    # ------------------------------------------------------------------------------ input
+    def add(self, rate: KeyRate, partition: int, arrived_ms: int) -> AddResult:
+        """Take one KeyRate record from `partition`; the latest per (key, window) wins."""
+        if (
+            not rate.key
+            or not math.isfinite(rate.rate)
+            or rate.rate < 0
+            or rate.count < 0
+            or rate.window_end_ms <= rate.window_start_ms
+            or not 0 <= partition < self._partitions
+        ):
+            return "invalid"
+        start = rate.window_start_ms
+        self._progress[partition] = max(self._progress[partition], start)
+        if start <= self._last_folded:
+            return "late"
+        window = self._pending.get(start)
+        if window is None:
+            window = _Window(start, rate.window_end_ms, arrived_ms, arrived_ms)
+            self._pending[start] = window
+        window.last_ms = max(window.last_ms, arrived_ms)
+        replaced = rate.key in window.records
+        window.records[rate.key] = (rate.rate, rate.count, rate.prefix_tokens_sum)
+        return "replaced" if replaced else "accepted"
+
+    def advance(self, now_ms: int) -> list[int]:
+        """Fold every complete window (oldest first); return the starts of the folded windows."""
+        folded: list[int] = []
+        while self._pending:
+            start = min(self._pending)
+            window = self._pending[start]
+            if not self._complete(window, now_ms):
+                break
+            del self._pending[start]
+            self._fold(window)
+            folded.append(start)
+        return folded
+
+    def _complete(self, window: _Window, now_ms: int) -> bool:
+        if all(p > window.start for p in self._progress):
+            return True
+        quiet = now_ms - window.last_ms >= self.params.settle_ms
+        if quiet and all(p >= window.start for p in self._progress):
+            return True
+        return now_ms - window.first_ms >= self.params.max_wait_ms
+
+    def _fold(self, window: _Window) -> None:
+        alpha = self.params.alpha
+        n_old = len(self._keys)
+        for key in window.records:
+            if key not in self._index:
+                self._index[key] = len(self._keys)
+                self._keys.append(key)
+        n = len(self._keys)
+        grow = n - n_old
+        smoothed = np.concatenate([self._smoothed, np.zeros(grow)]) if grow else self._smoothed
+        idle = np.concatenate([self._idle, np.zeros(grow, np.int64)]) if grow else self._idle
+        tokens = np.concatenate([self._tokens, np.zeros(grow)]) if grow else self._tokens
+        idx = np.fromiter(
+            map(self._index.__getitem__, window.records), np.int64, len(window.records)
+        )
+        values = list(window.records.values())
+        observed = np.zeros(n, dtype=np.float64)
+        observed[idx] = np.fromiter((v[0] for v in values), np.float64, len(values))
+        smoothed = (1.0 - alpha) * smoothed + alpha * observed
+        smoothed[n_old:] = observed[n_old:]  # first sighting: start at the observed rate
+        present = np.zeros(n, dtype=np.bool_)
+        present[idx] = True
+        idle = np.where(present, 0, idle + 1)
+        counts = np.fromiter((v[1] for v in values), np.float64, len(values))
+        sums = np.fromiter((v[2] for v in values), np.float64, len(values))
+        has = counts > 0
+        tokens[idx[has]] = sums[has] / counts[has]
+        self._smoothed, self._idle, self._tokens = smoothed, idle, tokens
+        self._last_folded = window.start
+        self._folded += 1
+        self._newest_end = max(self._newest_end, window.end)
+        self._forget()
+
+    def _forget(self) -> None:
+        keep = self._idle < self.params.forget_after_windows
+        if bool(keep.all()):
+            return
+        self._keys = [k for k, kept in zip(self._keys, keep.tolist(), strict=True) if kept]
+        self._index = {k: i for i, k in enumerate(self._keys)}
+        self._smoothed = self._smoothed[keep]
+        self._idle = self._idle[keep]
+        self._tokens = self._tokens[keep]
+
+    # ----------------------------------------------------------------------------- output
+    def snapshot(self) -> RatesSnapshot:
+        """Copies of the smoothed rates (safe to hand to the planner while records keep coming)."""
+        return RatesSnapshot(
+            keys=tuple(self._keys),
+            rates=self._smoothed.copy(),
+            prefix_tokens=self._tokens.copy(),
+            windows=self._folded,
+            newest_end_ms=self._newest_end,
+        )
