@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cacheroute.dispatcher.routing import PlanLike, RouteKind, Router, RoutingTable, table_from_plan
+from cacheroute.settings import Settings
 
 __all__ = ["Dispatcher", "DispatcherConfig"]
 
@@ -186,6 +187,13 @@ class Dispatcher:
         """Seconds since the live plan was built."""
         table = self.router.table
         return None if table is None else self.clock() - table.created_ms / 1000.0
+
+    def follow(self, settings: Settings, *, client_id: str = "cacheroute-gateway") -> Dispatcher:
+        """Subscribe to the plans topic (background thread) and start maintenance; returns self."""
+        from cacheroute.dispatcher.subscription import follow_plans  # noqa: PLC0415 - Kafka edge
+
+        follow_plans(self, settings, client_id=client_id)
+        return self.start()
 
     # ------------------------------------------------------------------------- maintenance
     def start(self) -> Dispatcher:

@@ -8,9 +8,12 @@ Figures:
 - decisions_per_s: route + acquire + release per second, single thread, no timers in the loop;
 - p50_ns / p99_ns: latency of single route() calls, timed one by one with perf_counter_ns
   (`timer_overhead_ns` is the cost of the timer pair itself, measured in the same run);
-- swap_max_stall_ms: the worst single route() latency seen by a routing thread while the main
-  thread applies a new 128k-key plan version (`baseline_max_stall_ms`: the same thread's worst call
-  over an equally long window with no swap, so the scheduler's own noise is visible).
+- swap_max_stall_ms: the worst single route() latency seen by a routing thread while another
+  thread takes a new 128k-key plan version through the whole gateway path: the encoded Kafka
+  records (chunks + header, as the planner publishes them) are assembled, checksummed, decoded and
+  validated by the follower's `PlanAssembler`, then the routing table is built and swapped in
+  (`baseline_max_stall_ms`: the routing thread's worst call over an equally long window without a
+  swap, so the scheduler's own noise is visible).
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ import numpy as np
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.planner import PlannerParams, build_plan
+from cacheroute.planner.assembly import Applied, PlanAssembler
+from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan
 from cacheroute.planner.workload import default_q_cap, paper_workload
 
 __all__ = ["bench_dispatcher"]
+
+
+def _yield_gil() -> None:
+    time.sleep(0)
 
 
 def _stream(keys: list[str], rates: np.ndarray, n: int, rng: np.random.Generator) -> list[str]:
@@ -130,12 +139,23 @@ def bench_dispatcher(
         overhead.append(clock() - t0)
     overhead_ns = statistics.median(overhead)
 
-    # swap stall: apply a new 128k-key version while a thread routes
+    # swap stall: take a new 128k-key version from its Kafka records to the live table
+    encoded = encode_plan(plan2)
+    records = [(chunk_key(i), c) for i, c in enumerate(encoded.chunks)]
+    records.append((HEADER_KEY, encoded.header_bytes))
     t_apply = [0.0]
+    outcomes: list[object] = []
 
     def swap() -> None:
         t0 = time.perf_counter()
-        d.apply_plan(plan2)
+        assembler = PlanAssembler(pause=_yield_gil)
+        for key, value in records:
+            outcome = assembler.offer(key, value)
+            outcomes.append(outcome)
+            if isinstance(outcome, Applied):
+                d.apply_plan(outcome.plan)
+            else:
+                time.sleep(0)
         t_apply[0] = time.perf_counter() - t0
 
     stall_ms, routed_during = _stall_during(d, stream, swap)
@@ -154,6 +174,8 @@ def bench_dispatcher(
         "swap_max_stall_ms": round(stall_ms, 3),
         "baseline_max_stall_ms": round(base_ms, 3),
         "swap_apply_ms": round(t_apply[0] * 1000, 1),
+        "swap_chunks": len(encoded.chunks),
+        "swap_record_bytes": sum(len(c) for c in encoded.chunks) + len(encoded.header_bytes),
         "routed_during_swap": routed_during,
         "version_after_swap": d.version,
     }

@@ -15,6 +15,7 @@ on an uncompacted topic with several versions decodes one of them, not all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,13 +97,20 @@ class PlanAssembler:
     """
 
     def __init__(
-        self, *, max_pending_versions: int = 3, live_version: int = 0, defer_headers: bool = False
+        self,
+        *,
+        max_pending_versions: int = 3,
+        live_version: int = 0,
+        defer_headers: bool = False,
+        pause: Callable[[], None] | None = None,
     ) -> None:
         if max_pending_versions < 1:
             raise PlannerError("max_pending_versions must be >= 1")
         self._max_pending = max_pending_versions
         self._live = live_version
         self._defer = defer_headers
+        self._pause = pause
+        """Called between decode/validation steps (gateways pass a GIL yield)."""
         self._pending: dict[int, dict[int, bytes]] = {}
         self._headers: dict[int, tuple[PlanHeader, str]] = {}
 
@@ -217,7 +225,8 @@ class PlanAssembler:
         if chunk_checksum(values) != header.checksum:
             return Rejected(v, "checksum", f"version {v}: chunk checksum does not match", where)
         try:
-            plan = plan_from_records(header, decode_chunks(header, values))
+            decoded = decode_chunks(header, values, pause=self._pause)
+            plan = plan_from_records(header, decoded, pause=self._pause)
         except PlannerError as exc:
             return Rejected(v, "invalid", f"version {v}: {exc}", where)
         self._live = v

@@ -14,7 +14,6 @@ __all__ = [
     "Destination",
     "KeyRate",
     "PlanChunk",
-    "PlanEntry",
     "PlanHeader",
     "PlanParams",
     "RequestBatch",
@@ -106,21 +105,18 @@ class PlanHeader:
 
 
 @dataclass(frozen=True, slots=True)
-class PlanEntry:
-    """One admitted key and its destination indices (schema `cacheroute.PlanEntry`)."""
-
-    key: str
-    destinations: list[int]
-    rate: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
 class PlanChunk:
-    """One chunk of a plan version (schema `cacheroute.PlanChunk`)."""
+    """One chunk of a plan version, column by column (schema `cacheroute.PlanChunk`).
+
+    Key i's replica set is `targets[sum(replicas[:i]) : sum(replicas[:i + 1])]`.
+    """
 
     version: int
     index: int
-    entries: list[PlanEntry]
+    keys: list[str]
+    replicas: list[int]
+    targets: list[int]
+    rates: list[float]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ from cacheroute.schemas import (
     Destination,
     KeyRate,
     PlanChunk,
-    PlanEntry,
     PlanHeader,
     PlanParams,
     RequestBatch,
@@ -81,15 +80,22 @@ plan_headers = st.builds(
     protocol=INT,
 )
 
-plan_chunks = st.builds(
-    PlanChunk,
-    version=LONG,
-    index=INT,
-    entries=st.lists(
-        st.builds(PlanEntry, key=TEXT, destinations=st.lists(INT, max_size=4), rate=DOUBLE),
-        max_size=6,
-    ),
-)
+
+@st.composite
+def _plan_chunks(draw: st.DrawFn) -> PlanChunk:
+    n = draw(st.integers(0, 6))
+    replicas = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    return PlanChunk(
+        version=draw(LONG),
+        index=draw(INT),
+        keys=draw(st.lists(TEXT, min_size=n, max_size=n)),
+        replicas=replicas,
+        targets=draw(st.lists(INT, min_size=sum(replicas), max_size=sum(replicas))),
+        rates=draw(st.lists(DOUBLE, min_size=n, max_size=n)),
+    )
+
+
+plan_chunks = _plan_chunks()
 
 
 @st.composite

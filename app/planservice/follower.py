@@ -94,8 +94,11 @@ class PlanFollower:
         self._on_plan = on_plan
         self._clock = clock
         self._topic = settings.topics["plans"]
+        # decode and validate in GIL-yielding steps: gateways route on other threads meanwhile
         self._assembler = PlanAssembler(
-            max_pending_versions=self.config.max_pending_versions, defer_headers=True
+            max_pending_versions=self.config.max_pending_versions,
+            defer_headers=True,
+            pause=_yield_gil,
         )
         self._consumer = plans_consumer(
             settings, "read_committed", self.config.client_id, fetch_wait_ms=500
@@ -350,3 +353,8 @@ class PlanFollower:
     def _age_or_nan(self) -> float:
         live = self._live
         return float("nan") if live is None else live.age_s(self._now_ms())
+
+
+def _yield_gil() -> None:
+    """Let a waiting routing thread take the GIL between decode/validation steps."""
+    time.sleep(0)

@@ -28,7 +28,7 @@ from cacheroute.kafkaio import produce_sync, producer_config
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan, parse_key
 from cacheroute.planservice.follower import FollowerConfig, PlanFollower
 from cacheroute.planservice.publisher import PlanPublisher
-from cacheroute.schemas import PlanChunk, PlanEntry, PlanHeader, codec_for
+from cacheroute.schemas import PlanChunk, PlanHeader, codec_for
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 
@@ -361,7 +361,7 @@ def test_garbage_on_the_plans_topic_is_ignored(topics: Settings, follower: PlanF
     assert follower.wait_for_version(1, timeout=30) is not None
     topic = topics.topics["plans"]
     producer = Producer(producer_config(topics))
-    chunk = codec_for(PlanChunk).encode(PlanChunk(2, 0, [PlanEntry("k", [0], 1.0)]))
+    chunk = codec_for(PlanChunk).encode(PlanChunk(2, 0, ["k"], [1], [0], [1.0]))
     template = encode_plan(make_plan(50, version=2)).header
     bad_sum = codec_for(PlanHeader).encode(
         dataclasses.replace(template, chunk_count=1, checksum="0" * 64)

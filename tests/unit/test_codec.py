@@ -14,7 +14,6 @@ from cacheroute.schemas import (
     MARKER,
     KeyRate,
     PlanChunk,
-    PlanEntry,
     PlanHeader,
     PlanParams,
     RequestBatch,
@@ -98,9 +97,10 @@ def test_nested_records_decode_to_dataclasses() -> None:
     )
     back = codec_for(PlanHeader).decode(codec_for(PlanHeader).encode(header))
     assert isinstance(back.params, PlanParams)
-    chunk = PlanChunk(version=7, index=0, entries=[PlanEntry("k", [0, 2], 1.5)])
+    chunk = PlanChunk(
+        version=7, index=0, keys=["k", "j"], replicas=[2, 1], targets=[0, 2, 1], rates=[1.5, 0.5]
+    )
     back_chunk = codec_for(PlanChunk).decode(codec_for(PlanChunk).encode(chunk))
-    assert isinstance(back_chunk.entries[0], PlanEntry)
     assert back_chunk == chunk
 
 

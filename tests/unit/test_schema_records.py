@@ -14,7 +14,6 @@ from cacheroute.schemas.records import (
     Destination,
     KeyRate,
     PlanChunk,
-    PlanEntry,
     PlanHeader,
     PlanParams,
     RequestBatch,
@@ -29,7 +28,6 @@ CLASSES = {
     "PlanParams": PlanParams,
     "Destination": Destination,
     "PlanChunk": PlanChunk,
-    "PlanEntry": PlanEntry,
     "RequestBatch": RequestBatch,
     "RequestSummary": RequestSummary,
 }

@@ -112,7 +112,7 @@ def test_garbage_is_ignored_and_does_not_disturb(enc1: EncodedPlan, enc2: Encode
     asm = PlanAssembler()
     feed(asm, records(enc1))
     recs = records(enc2)
-    other_chunk = codec_for(PlanChunk).encode(PlanChunk(2, 5, []))
+    other_chunk = codec_for(PlanChunk).encode(PlanChunk(2, 5, [], [], [], []))
     garbage: list[Record] = [
         (b"filler", b"anything"),
         (None, b"no key"),

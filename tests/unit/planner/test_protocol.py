@@ -120,7 +120,7 @@ def test_oversized_key_or_limit_is_refused() -> None:
 
 
 def test_peek_reads_version_and_index_only() -> None:
-    chunk = codec_for(PlanChunk).encode(PlanChunk(2**40 + 3, 77, []))
+    chunk = codec_for(PlanChunk).encode(PlanChunk(2**40 + 3, 77, [], [], [], []))
     assert peek_chunk(chunk) == (2**40 + 3, 77)
     header = codec_for(PlanHeader).encode(
         PlanHeader(
