@@ -13,11 +13,14 @@ from rich.logging import RichHandler
 from cacheroute import __version__
 from cacheroute.cli.bench import bench
 from cacheroute.cli.demo import demo
+from cacheroute.cli.evaluate import evaluate_cmd
 from cacheroute.cli.kafka import kafka
 from cacheroute.cli.plan import plan
 from cacheroute.cli.planner import planner
+from cacheroute.cli.replay import replay
 from cacheroute.cli.streams import streams
 from cacheroute.cli.topics import topics
+from cacheroute.cli.workload import workload
 from cacheroute.errors import CacheRouteError
 from cacheroute.planner.errors import PlannerError
 from cacheroute.schemas import SchemaError
@@ -73,6 +76,9 @@ cli.add_command(plan)
 cli.add_command(planner)
 cli.add_command(bench)
 cli.add_command(streams)
+cli.add_command(evaluate_cmd)
+cli.add_command(workload)
+cli.add_command(replay)
 
 
 def main() -> None:

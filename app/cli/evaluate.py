@@ -1,0 +1,421 @@
+"""`cacheroute evaluate`: shadow-replay a workload or trace through every policy and compare.
+
+The simulation is pure (cacheroute.replay); this shell picks the source, draws progress bars on
+stderr, times the run (`sim_requests_per_s`), prints the table or one JSON object, and writes plots
+and a Markdown report with `--out`. `--evidence` runs the issue's evidence suite and writes
+docs/EVALUATION.md-style output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.evaluate import EvalConfig, Evaluation, evaluate
+from cacheroute.replay.metrics import SLO_METRICS
+from cacheroute.replay.policies import POLICY_NAMES
+from cacheroute.replay.report import (
+    EvidenceRun,
+    evidence_checks,
+    relative,
+    render_evidence,
+    render_run,
+)
+from cacheroute.replay.service import ServiceModel
+from cacheroute.replay.simulator import SimConfig
+from cacheroute.replay.sources import SourceSpec, load_source
+from cacheroute.replay.traces import TRACE_FORMATS
+from cacheroute.replay.workloads import KINDS
+
+__all__ = ["evaluate_cmd"]
+
+QUICK_REQUESTS = 20_000
+_DEFAULTS = ServiceModel()
+FULL_REQUESTS = 60_000
+
+
+class _Bars:
+    """Reporter drawing one rich progress bar per stage (stderr, hidden when not a terminal)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+
+    def stage(self, label: str, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, visible=False)
+        self.task = self.progress.add_task(label, total=total)
+
+    def advance(self, n: int) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+
+@contextmanager
+def _bars(console: Console) -> Iterator[_Bars]:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    with progress:
+        yield _Bars(progress)
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    for n in ("flat-lb", "cacheroute"):
+        if n not in names:
+            names = (n, *names)
+    return names
+
+
+def _ints(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    source: SourceSpec
+    config: EvalConfig
+
+
+def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
+    start = time.perf_counter()
+    with _bars(console) as bars:
+        bars.stage("loading the workload", 1)
+        requests = load_source(run.source)
+        result = evaluate(requests, run.config, workload_info=run.source.describe(), reporter=bars)
+    wall = time.perf_counter() - start
+    timing = {
+        "wall_s": wall,
+        "sim_requests": result.sim_requests,
+        "sim_requests_per_s": result.sim_requests / wall if wall > 0 else 0.0,
+    }
+    return result, timing
+
+
+@click.command("evaluate")
+@click.option("--workload", type=click.Choice(KINDS), help="A synthetic workload.")
+@click.option(
+    "--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trace file."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice([*TRACE_FORMATS, "auto"]),
+    default="auto",
+    show_default=True,
+    help="Trace format (csv = generic CSV/JSONL: ts,key,prompt_tokens,prefix_tokens).",
+)
+@click.option(
+    "--policies",
+    default=",".join(POLICY_NAMES),
+    show_default=True,
+    help="Comma-separated; flat-lb and cacheroute are always included.",
+)
+@click.option("--quick", is_flag=True, help=f"{QUICK_REQUESTS:,} requests, 2 refinement steps.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write PNG plots, report.md and result.json here.",
+)
+@click.option("-R", "--destinations", default=30, show_default=True, type=click.IntRange(1, 512))
+@click.option("--requests", type=click.IntRange(min=100), help=f"[default {FULL_REQUESTS:,}]")
+@click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=100.0, show_default=True, help="Base rate of synthetic workloads.")
+@click.option("--cv", default=1.0, show_default=True, help="Arrival CV (gamma when != 1).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--slo-ms", default=2000.0, show_default=True)
+@click.option("--slo-metric", type=click.Choice(SLO_METRICS), default="ttft", show_default=True)
+@click.option("--q-cap", type=float, help="[default: the measured knee of one replica]")
+@click.option(
+    "--q-cap-factor", default=1.0, show_default=True, help="q_cap = this x the measured knee."
+)
+@click.option("--warm-slots", default=128, show_default=True, help="W per destination.")
+@click.option("--intervals", default=15, show_default=True, help="Re-plans per replay.")
+@click.option("--oracle", is_flag=True, help="Plan once from the true rates.")
+@click.option("--rate-decay", default=1.0, show_default=True, help="1 = all rates so far.")
+@click.option("--cluster-sizes", help="Also sweep R at a fixed load, e.g. 8,30,60.")
+@click.option("--cluster-load", type=float, help="Load of that sweep [default: reference load].")
+@click.option("--key-blocks", default=2, show_default=True, help="Mooncake key: leading ids.")
+@click.option("--tile", type=click.IntRange(min=1), help="Trace copies [default: enough].")
+@click.option("--limit", type=click.IntRange(min=1), help="Read at most this many trace lines.")
+@click.option("--cache-tokens", type=int, help=f"[{_DEFAULTS.cache_tokens}]")
+@click.option("--max-running", type=int, help=f"[{_DEFAULTS.max_running}]")
+@click.option("--chunk-tokens", type=int, help=f"[{_DEFAULTS.chunk_tokens}]")
+@click.option("--prefill-token-us", type=float, help=f"[{_DEFAULTS.prefill_per_token_s * 1e6:g}]")
+@click.option("--attention-pair-ns", type=float, help=f"[{_DEFAULTS.attention_per_pair_s * 1e9:g}]")
+@click.option("--decode-step-ms", type=float, help=f"[{_DEFAULTS.decode_base_s * 1e3:g}]")
+@click.option("--evidence", is_flag=True, help="Run the evidence suite (see --doc).")
+@click.option(
+    "--doc",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Evidence document [default: OUT/../EVALUATION.md].",
+)
+def evaluate_cmd(**opts: Any) -> None:
+    """Compare routing policies on a simulated serving cluster; say whether to deploy.
+
+    Every policy runs over a load sweep; the report gives token-weighted KV hit rate, load
+    imbalance, p99 latency at a matched load, SLO capacity, tenant fairness, the workload
+    diagnostic and the recommendation (deploy only if capacity AND p99 beat flat-lb).
+    """
+    console = Console(stderr=True)
+    if opts["evidence"]:
+        _evidence(opts, console)
+        return
+    if (opts["workload"] is None) == (opts["trace"] is None):
+        raise click.UsageError("give --workload KIND or --trace FILE")
+    run = _make_run(opts, opts["workload"], opts["trace"], opts["fmt"])
+    try:
+        result, timing = _run(run, console)
+    except ReplayError as exc:
+        raise click.ClickException(str(exc)) from None
+    data = result.to_dict() | timing
+    if opts["out"] is not None:
+        _write_outputs(result, data, opts["out"])
+    if opts["as_json"]:
+        click.echo(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    else:
+        _render(result, timing, Console())
+
+
+def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fmt: str) -> _Run:
+    quick = bool(opts["quick"])
+    requests = opts["requests"] or (QUICK_REQUESTS if quick else FULL_REQUESTS)
+    service = ServiceModel()
+    overrides: dict[str, Any] = {}
+    for opt, field_name, scale in (
+        ("cache_tokens", "cache_tokens", 1),
+        ("max_running", "max_running", 1),
+        ("chunk_tokens", "chunk_tokens", 1),
+        ("prefill_token_us", "prefill_per_token_s", 1e-6),
+        ("attention_pair_ns", "attention_per_pair_s", 1e-9),
+        ("decode_step_ms", "decode_base_s", 1e-3),
+    ):
+        if opts[opt] is not None:
+            overrides[field_name] = opts[opt] * scale if scale != 1 else opts[opt]
+    if overrides:
+        try:
+            service = replace(service, **overrides)
+        except ReplayError as exc:
+            raise click.BadParameter(str(exc)) from None
+    source = SourceSpec(
+        workload=workload,  # type: ignore[arg-type]  # click.Choice guarantees a kind
+        trace=trace,
+        fmt=fmt,  # type: ignore[arg-type]  # click.Choice guarantees a format
+        requests=requests,
+        keys=opts["keys"],
+        rate=opts["rate"],
+        cv=opts["cv"],
+        seed=opts["seed"],
+        key_blocks=opts["key_blocks"],
+        tile=opts["tile"],
+        limit=opts["limit"],
+    )
+    try:
+        config = EvalConfig(
+            policies=_policies(opts["policies"]),
+            sim=SimConfig(destinations=opts["destinations"], service=service, seed=opts["seed"]),
+            slo_ms=opts["slo_ms"],
+            slo_metric=opts["slo_metric"],
+            refine_steps=2 if quick else 3,
+            q_cap=opts["q_cap"],
+            q_cap_factor=opts["q_cap_factor"],
+            warm_slots=opts["warm_slots"],
+            intervals=opts["intervals"],
+            oracle=opts["oracle"],
+            rate_decay=opts["rate_decay"],
+            cluster_sizes=_ints(opts["cluster_sizes"]),
+            cluster_load_qps=opts["cluster_load"],
+        )
+    except ReplayError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return _Run(source, config)
+
+
+def _write_outputs(
+    result: Evaluation, data: dict[str, Any], out: Path, prefix: str = ""
+) -> dict[str, str]:
+    from cacheroute.replay.plots import save_plots  # noqa: PLC0415 - matplotlib is slow to import
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = save_plots(result, out, prefix)
+    links = {name: relative(path, out) for name, path in files.items()}
+    (out / f"{prefix}result.json").write_bytes(
+        orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    )
+    (out / f"{prefix}report.md").write_text(
+        render_run(result, links, title=f"Evaluation: {result.workload['source']}", level=1),
+        encoding="utf-8",
+    )
+    return {name: str(path) for name, path in files.items()}
+
+
+def _render(result: Evaluation, timing: dict[str, Any], console: Console) -> None:
+    metric = result.config.slo_metric
+    table = Table(
+        title=f"{result.workload['source']} - R = {result.config.sim.destinations}, "
+        f"reference load {result.reference_qps:.0f} req/s, SLO p99 {metric} <= "
+        f"{result.config.slo_ms:.0f} ms",
+        title_justify="left",
+    )
+    for col in ("policy", "KV hit", "max/mean", f"p99 {metric} ms", "SLO capacity", "vs flat-lb"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    flat = result.policies["flat-lb"].slo_capacity_qps
+    for name, p in result.policies.items():
+        ref = p.at_reference
+        table.add_row(
+            name,
+            f"{100 * ref.hit_rate:.1f}%",
+            f"{ref.max_over_mean:.2f}",
+            f"{ref.p99_ms(metric):.0f}",
+            f"{p.slo_capacity_qps:.0f}",
+            f"{p.slo_capacity_qps / flat:.2f}x" if flat > 0 else "-",
+        )
+    console.print(table)
+    d = result.diagnostic
+    console.print(f"diagnostic: [bold]{d.verdict}[/] - {d.reason}")
+    console.print(
+        f"simulation: [bold]{result.simulation_verdict}[/] (capacity "
+        f"{result.capacity_ratio:.2f}x, p99 {result.p99_ratio:.2f}x of flat-lb); "
+        f"{'agrees' if result.agree else 'disagrees'} with the diagnostic"
+    )
+    console.print(f"recommendation: [bold]{result.recommendation}[/]")
+    console.print(
+        f"simulated {timing['sim_requests']:,} requests in {timing['wall_s']:.1f} s "
+        f"({timing['sim_requests_per_s']:,.0f} requests/s)"
+    )
+
+
+_EVIDENCE_HEADER = """# Evaluation: shadow replay of CacheRoute against six baselines
+
+Generated by `cacheroute evaluate --evidence` (issue 7) - do not edit by hand; re-run the command.
+Everything below is simulated: a serving cluster of R replicas (service model in
+`app/replay/service.py`: Llama-3.1-8B-class replicas on H100s with chunked prefill, a concurrency
+limit and a block-level LRU prefix cache), routed by each policy. The `cacheroute`,
+`affinity` and `affinity+replication` policies run the real planner (`build_plan`) and the real
+gateway dispatcher (`Router`; tables from `table_from_plan`, as `Dispatcher.apply_plan` builds
+them, or `build_table` for the hash placements of the ablation). Absolute numbers depend on the
+service model; the comparisons are what this document is for. It says where CacheRoute does not
+win: see "Where CacheRoute does not win" below, computed from the runs.
+
+Method in one paragraph: each run measures the knee of one replica (an affinity-like slice of the
+workload on R/5 replicas, load raised until p99 TTFT leaves the SLO) and uses it as `q_cap`;
+sweeps every policy over offered loads (the replay time-compressed to each load; traces are also
+tiled); takes the SLO capacity as the highest load whose p99 stays under the SLO (bisection
+between sweep points); quotes hit rate, imbalance and p99 at the reference load (the highest sweep
+load Flat-LB still serves); and runs the workload-only diagnostic. Plans are rebuilt 15 times per
+replay from the per-key rates observed so far (no oracle). The first 20% of each replay is warm-up
+and not measured.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Case:
+    """One run of the evidence suite: a source and the options that differ from the defaults."""
+
+    title: str
+    prefix: str
+    workload: str | None = None
+    trace: Path | None = None
+    options: tuple[tuple[str, Any, str], ...] = ()
+    """(option name, value, as it appears on the command line)."""
+
+
+_SUITE = (
+    _Case(
+        "Whale workload: ablation, baselines and cluster size",
+        "whale",
+        workload="whale",
+        options=(("cluster_sizes", "8,30,60", "--cluster-sizes 8,30,60"),),
+    ),
+    _Case(
+        "Whale workload, q_cap = knee / 2 (sensitivity: more replicas per whale)",
+        "whale_qcap_half",
+        workload="whale",
+        options=(
+            ("q_cap_factor", 0.5, "--q-cap-factor 0.5"),
+            ("policies", "flat-lb,affinity+replication,cacheroute", ""),
+        ),
+    ),
+    _Case("Low-reuse workload (the losing regime)", "low-reuse", workload="low-reuse"),
+    _Case("Paper-like workload", "paper", workload="paper"),
+    _Case(
+        "Mooncake arXiv trace (1,000 production requests, tiled)",
+        "mooncake",
+        trace=Path("tests/data/traces/mooncake_arxiv_1000.jsonl"),
+        options=(("slo_ms", 30_000.0, "--slo-ms 30000"),),
+    ),
+)
+
+
+def _evidence(opts: dict[str, Any], console: Console) -> None:
+    out: Path = opts["out"] or Path("docs/evaluation")
+    doc: Path = opts["doc"] or out.parent / "EVALUATION.md"
+    runs: list[EvidenceRun] = []
+    evals: dict[str, Evaluation] = {}
+    totals = {"wall_s": 0.0, "sim_requests": 0}
+    for case in _SUITE:
+        if case.trace is not None and not case.trace.exists():
+            console.print(f"skipping {case.title}: {case.trace} not found")
+            continue
+        run_opts = dict(opts) | {name: value for name, value, _ in case.options}
+        fmt = "mooncake" if case.trace is not None else "auto"
+        run = _make_run(run_opts, case.workload, case.trace, fmt)
+        console.print(f"[bold]{case.title}[/]")
+        result, timing = _run(run, console)
+        data = result.to_dict() | timing
+        files = _write_outputs(result, data, out, prefix=f"{case.prefix}_")
+        links = {n: relative(Path(f), doc.parent) for n, f in files.items()}
+        source = (
+            f"--workload {case.workload}"
+            if case.workload
+            else f"--trace {case.trace} --format {fmt}"
+        )
+        flags = " ".join(flag for _, _, flag in case.options if flag)
+        policies = {n: v for n, v, _ in case.options}.get("policies")
+        if policies:
+            flags += f" --policies {policies}"
+        quick = " --quick" if opts["quick"] else ""
+        cmd = f"cacheroute evaluate {source}{quick} {flags} --out DIR".replace("  ", " ")
+        runs.append(EvidenceRun(case.title, result, links, cmd))
+        evals[case.prefix] = result
+        totals["wall_s"] += timing["wall_s"]
+        totals["sim_requests"] += timing["sim_requests"]
+        _render(result, timing, console)
+    totals["sim_requests_per_s"] = totals["sim_requests"] / max(1e-9, totals["wall_s"])
+    checks = evidence_checks(evals.get("whale"), evals.get("low-reuse"))
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(
+        render_evidence(runs, checks, header=_EVIDENCE_HEADER, timing=totals), encoding="utf-8"
+    )
+    console.print(f"wrote {doc} and the plots under {out}")

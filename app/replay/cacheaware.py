@@ -1,0 +1,177 @@
+"""Reactive cache-aware baselines: `sglang` (SGLang's cache-aware router) and `preble` (Preble E2).
+
+`sglang`, after sgl-router's cache_aware policy (defaults: cache_threshold 0.5,
+balance_abs_threshold 32, balance_rel_threshold 1.0001):
+  * if the cluster is imbalanced - (max - min in-flight) > abs threshold AND max > rel * min -
+    route to the destination with the fewest in-flight requests;
+  * else find the destination whose approximate tree matches the longest prefix; if the match
+    covers more than `cache_threshold` of the prompt, go there; else go to the destination with the
+    smallest tree (the most cache room);
+  * either way the prompt is inserted into the chosen destination's tree. The tree is trimmed LRU
+    to `max_tree_tokens` (default: the replica's cache size) on insert rather than every 60 s.
+
+`preble`, after Preble's E2 scheduler (Srivatsa et al., ICLR 2025):
+  * exploit: if some destination holds more than half of the prompt, send it to the least-loaded
+    of those with the longest match - unless that one's load is above `rebalance` x the mean and
+    more than `rebalance_s` seconds of work above it (Preble's load rebalancing), then explore;
+  * explore: send it where load + the prefill cost of the missing tokens is smallest;
+  * load = estimated GPU seconds (prefill of the missing tokens + decode) of the requests sent to
+    a destination, decayed with time constant `window_s` (Preble keeps a window of history).
+  Preble's prefix autoscaling and priority queues are not modelled.
+Both use the same router-side `PrefixIndex`; neither sees the replicas' real caches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cacheroute.replay.policy import Policy, PolicyContext
+from cacheroute.replay.prefixindex import PrefixIndex
+
+__all__ = ["Preble", "SGLang"]
+
+
+class _PrefixPolicy(Policy):
+    def __init__(self, ctx: PolicyContext, tree_tokens: int | None = None) -> None:
+        super().__init__(ctx)
+        q = ctx.requests
+        self.block_tokens = q.block_tokens
+        budget = tree_tokens if tree_tokens is not None else ctx.service.cache_tokens
+        self.index = PrefixIndex(ctx.destinations, budget // q.block_tokens)
+        self.offsets: list[int] = q.block_offsets.tolist()
+        self.block_ids = q.block_ids
+        self.prompt: list[int] = q.prompt_tokens.tolist()
+        self.output: list[int] = q.output_tokens.tolist()
+
+    def blocks(self, i: int) -> list[int]:
+        out: list[int] = self.block_ids[self.offsets[i] : self.offsets[i + 1]].tolist()
+        return out
+
+
+class SGLang(_PrefixPolicy):
+    """SGLang's cache-aware router over an approximate per-destination prefix tree."""
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        ctx: PolicyContext,
+        *,
+        cache_threshold: float = 0.5,
+        balance_abs_threshold: int = 32,
+        balance_rel_threshold: float = 1.0001,
+        max_tree_tokens: int | None = None,
+    ) -> None:
+        super().__init__(ctx, max_tree_tokens)
+        self.cache_threshold = cache_threshold
+        self.abs_threshold = balance_abs_threshold
+        self.rel_threshold = balance_rel_threshold
+        self.counts = {"balance": 0, "cache_hit": 0, "smallest_tree": 0}
+
+    def route(self, i: int, t: float) -> int:
+        inflight = self.inflight
+        hi, lo = max(inflight), min(inflight)
+        blocks = self.blocks(i)
+        if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
+            d = inflight.index(lo)
+            self.counts["balance"] += 1
+        else:
+            lengths = self.index.match(blocks)
+            best = max(lengths)
+            if best * self.block_tokens > self.cache_threshold * self.prompt[i]:
+                d = min(
+                    (c for c in range(len(lengths)) if lengths[c] == best),
+                    key=inflight.__getitem__,
+                )
+                self.counts["cache_hit"] += 1
+            else:
+                sizes = [self.index.size(c) for c in range(len(lengths))]
+                d = sizes.index(min(sizes))
+                self.counts["smallest_tree"] += 1
+        self.index.insert(d, blocks)
+        inflight[d] += 1
+        return d
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "cache_threshold": self.cache_threshold,
+            "balance_abs_threshold": self.abs_threshold,
+            "balance_rel_threshold": self.rel_threshold,
+            "decisions": dict(self.counts),
+        }
+
+
+class Preble(_PrefixPolicy):
+    """Preble's E2: exploit long prefix matches, else explore by load + prefill cost."""
+
+    name = "preble"
+
+    def __init__(
+        self,
+        ctx: PolicyContext,
+        *,
+        window_s: float = 10.0,
+        rebalance: float = 1.5,
+        rebalance_s: float = 1.0,
+    ) -> None:
+        super().__init__(ctx)
+        s = ctx.service
+        self.window_s = window_s
+        self.rebalance = rebalance
+        self.rebalance_s = rebalance_s
+        self.load = [0.0] * ctx.destinations
+        self.last_t = 0.0
+        # decode seconds per output token at a typical batch of 16 (profiled in Preble)
+        self.decode_token_s = (s.decode_base_s + 16 * s.decode_per_seq_s) / 16
+        self.s = s
+        self.counts = {"exploit": 0, "explore": 0, "rebalanced": 0}
+
+    def _prefill(self, uncached: int, cached: int) -> float:
+        s = self.s
+        return (
+            s.prefill_fixed_s
+            + s.prefill_per_token_s * uncached
+            + s.attention_per_pair_s * (uncached * cached + 0.5 * uncached * uncached)
+        )
+
+    def route(self, i: int, t: float) -> int:
+        if t > self.last_t:
+            f = math.exp(-(t - self.last_t) / self.window_s)
+            self.load = [x * f for x in self.load]
+            self.last_t = t
+        load = self.load
+        blocks = self.blocks(i)
+        lengths = self.index.match(blocks)
+        p, bt = self.prompt[i], self.block_tokens
+        best = max(lengths)
+        d = -1
+        if 2 * best * bt > p:
+            d = min((c for c in range(len(lengths)) if lengths[c] == best), key=load.__getitem__)
+            mean = sum(load) / len(load)
+            if load[d] > self.rebalance * mean and load[d] - mean > self.rebalance_s:
+                d = -1
+                self.counts["rebalanced"] += 1
+            else:
+                self.counts["exploit"] += 1
+        if d < 0:
+            best_cost = math.inf
+            for c in range(len(load)):
+                cached = min(lengths[c] * bt, p - 1)
+                cost = load[c] + self._prefill(p - cached, cached)
+                if cost < best_cost:
+                    best_cost, d = cost, c
+            self.counts["explore"] += 1
+        cached = min(lengths[d] * bt, p - 1)
+        load[d] += self._prefill(p - cached, cached) + self.output[i] * self.decode_token_s
+        self.index.insert(d, blocks)
+        self.inflight[d] += 1
+        return d
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "window_s": self.window_s,
+            "rebalance": self.rebalance,
+            "rebalance_s": self.rebalance_s,
+            "decisions": dict(self.counts),
+        }

@@ -1,0 +1,219 @@
+"""Plan-based policies: the ablation steps `affinity`, `affinity+replication` and the full `cacheroute`.
+
+All three run the *real* code: admission comes from the planner's `build_plan`, routing tables from
+the dispatcher (`table_from_plan` for CacheRoute - what `Dispatcher.apply_plan` builds - and
+`build_table` for the hash placements), and every request is routed by the dispatcher's `Router` (admitted
+key -> least-loaded member of T(b) by in-flight count; any other key -> power-of-two-choices). Only
+the placement differs, which is what the ablation isolates:
+
+* `affinity` - Algorithm 1's admission with k_b forced to 1 (no replication), each admitted key on
+  one destination chosen by rendezvous hashing (pinning, hash placement);
+* `affinity+replication` - Algorithm 1's admission and k_b = ceil(rate / q_cap), the k_b
+  destinations chosen by rendezvous hashing (hash placement, no LPT);
+* `cacheroute` - the planner as deployed: admission, replication, LPT placement from the cold-tail
+  load, and churn-aware re-planning from the previous plan (hysteresis, few moves).
+
+Every control interval (`PlanConfig.control_interval_s` of replay time) each policy re-plans from the
+per-key rates observed so far in the replay - request counts since the start over the elapsed
+time, or, with `rate_decay` d < 1, counts decayed by d per interval (an exponential window of about
+interval / (1 - d)) - and swaps the Router's table; before the first plan every request is cold
+(P2C). With
+`PlanConfig.oracle` the plan is built once, up front, from the true rates of the whole replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from cacheroute.dispatcher.routing import (
+    RouteKind,
+    Router,
+    RoutingTable,
+    build_table,
+    table_from_plan,
+)
+from cacheroute.planner import Plan, PlannerParams, build_plan, plan_diff
+from cacheroute.replay.policy import Policy, PolicyContext, UIntArray
+from cacheroute.replay.requestset import FloatArray, IntArray
+
+__all__ = ["Affinity", "AffinityReplication", "CacheRoute", "rendezvous_order"]
+
+_HUGE_Q_CAP = 1e300  # k_b = ceil(rate / q_cap) = 1 for every key: affinity without replication
+
+
+def _mix(x: UIntArray) -> UIntArray:
+    """splitmix64 finaliser (vectorised, wraps mod 2**64)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    out: UIntArray = x ^ (x >> np.uint64(31))
+    return out
+
+
+def rendezvous_order(hashes: UIntArray, destinations: int) -> IntArray:
+    """Per key, destinations by rendezvous (highest-random-weight) score, best first. (n, R)."""
+    salts = _mix(np.arange(1, destinations + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    scores = _mix(hashes[:, None] ^ salts[None, :])
+    out: IntArray = np.argsort(scores, axis=1, kind="stable")[:, ::-1].astype(np.int64)
+    return out
+
+
+class _Planned(Policy):
+    """Observed-rate re-planning and Router dispatch; subclasses decide the assignments."""
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.plan
+        self.router = Router(ctx.names, rng=ctx.random(1))
+        self.inflight = self.router.inflight
+        self.keys = ctx.requests.keys
+        self.all_key_index = ctx.requests.key_index
+        self.params = PlannerParams(
+            q_cap=cfg.q_cap,
+            warm_slots=cfg.warm_slots,
+            control_interval_s=cfg.control_interval_s,
+            imbalance_tolerance=cfg.imbalance_tolerance,
+            hysteresis=cfg.hysteresis,
+        )
+        self.window_start = 0
+        self.counts: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
+        self.plan: Plan | None = None
+        self.history: list[dict[str, float]] = []
+        if cfg.oracle:
+            rates = ctx.requests.key_rates()
+            active = np.flatnonzero(rates > 0)
+            self._install([self.keys[k] for k in active.tolist()], rates[active], 0.0)
+
+    def route(self, i: int, t: float) -> int:
+        d = self.router.route_index(self.keys[self.key_index[i]])
+        self.router.acquire(d)
+        return d
+
+    def release(self, d: int) -> None:
+        self.router.release(d)
+
+    def tick(self, t: float, i: int) -> None:
+        if self.ctx.plan.oracle or i == 0:
+            return
+        new = np.bincount(self.all_key_index[self.window_start : i], minlength=len(self.keys))
+        self.window_start = i
+        decay = self.ctx.plan.rate_decay
+        self.counts = self.counts * decay + new if decay < 1.0 else self.counts + new
+        elapsed = t - float(self.ctx.requests.times[0])
+        span = elapsed if decay >= 1.0 else self.ctx.plan.control_interval_s / (1.0 - decay)
+        active = np.flatnonzero(self.counts > 0)
+        rates = self.counts[active] / max(min(span, elapsed), 1e-9)
+        self._install([self.keys[k] for k in active.tolist()], rates.astype(np.float64), t)
+
+    def _install(self, keys: list[str], rates: FloatArray, t: float) -> None:
+        plan = self.make_plan(keys, rates, int(t * 1000))
+        assignments = self.assign(plan)
+        self.router.table = self.table_for(plan, assignments)
+        entry = {
+            "t": t,
+            "admitted_keys": float(plan.n_admitted),
+            "admitted_rate_share": plan.admitted_rate / plan.total_rate if plan.total_rate else 0.0,
+            "multi_replica_keys": float(np.count_nonzero(plan.replicas() > 1)),
+            "expected_max_over_mean": self.expected_max_over_mean(plan, assignments),
+        }
+        if self.plan is not None:
+            entry["moved_rate_share"] = plan_diff(self.plan, plan).changed_rate_fraction
+        self.history.append(entry)
+        self.plan = plan
+
+    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+        raise NotImplementedError
+
+    def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
+        raise NotImplementedError
+
+    def table_for(self, plan: Plan, assignments: list[tuple[str, tuple[int, ...]]]) -> RoutingTable:
+        """The gateway's routing table for these assignments (the dispatcher's `build_table`)."""
+        names = self.ctx.names
+        return build_table(
+            plan.version,
+            plan.created_ms,
+            ((k, [names[d] for d in ds]) for k, ds in assignments),
+            plan.destination_names,
+            names,
+        )
+
+    def expected_max_over_mean(
+        self, plan: Plan, assignments: list[tuple[str, tuple[int, ...]]]
+    ) -> float:
+        """max/mean of the expected loads under these assignments (cold tail spread evenly)."""
+        r = self.ctx.destinations
+        loads = np.full(r, plan.cold_rate / r)
+        for (_, ds), rate in zip(assignments, plan.rates.tolist(), strict=True):
+            for d in ds:
+                loads[d] += rate / len(ds)
+        mean = float(loads.mean())
+        return float(loads.max()) / mean if mean > 0 else 1.0
+
+    def hrw(self, plan: Plan) -> IntArray:
+        """Rendezvous preference order of the plan's admitted keys."""
+        idx = {k: j for j, k in enumerate(self.keys)}
+        rows = np.fromiter((idx[k] for k in plan.keys), dtype=np.int64, count=plan.n_admitted)
+        return rendezvous_order(self.ctx.hashes[rows], self.ctx.destinations)
+
+    def describe(self) -> dict[str, Any]:
+        counts = dict(zip(RouteKind.NAMES, self.router.counts, strict=True))
+        out: dict[str, Any] = {"routes": counts, "plans": len(self.history)}
+        if self.history:
+            last = self.history[-1]
+            out.update({k: v for k, v in last.items() if k != "t"})
+            moved = [h["moved_rate_share"] for h in self.history if "moved_rate_share" in h]
+            if moved:
+                out["mean_moved_rate_share"] = float(np.mean(moved))
+        return out
+
+
+class Affinity(_Planned):
+    """Pinning: admitted keys (k_b = 1) on one rendezvous-hashed destination each."""
+
+    name = "affinity"
+
+    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+        params = replace(self.params, q_cap=_HUGE_Q_CAP)
+        return build_plan(keys, rates, self.ctx.names, params, created_ms=created_ms)
+
+    def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
+        order = self.hrw(plan)
+        return [(k, (int(order[j, 0]),)) for j, k in enumerate(plan.keys)]
+
+
+class AffinityReplication(_Planned):
+    """Replication without LPT: k_b rendezvous-hashed destinations per admitted key."""
+
+    name = "affinity+replication"
+
+    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+        return build_plan(keys, rates, self.ctx.names, self.params, created_ms=created_ms)
+
+    def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
+        order = self.hrw(plan)
+        k = plan.replicas().tolist()
+        return [(key, tuple(order[j, : k[j]].tolist())) for j, key in enumerate(plan.keys)]
+
+
+class CacheRoute(_Planned):
+    """The full planner: Algorithm 1 (admission, k_b, LPT) with churn-aware re-planning."""
+
+    name = "cacheroute"
+
+    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+        return build_plan(
+            keys, rates, self.ctx.names, self.params, prev=self.plan, created_ms=created_ms
+        )
+
+    def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
+        return list(plan.assignments().items())
+
+    def table_for(self, plan: Plan, assignments: list[tuple[str, tuple[int, ...]]]) -> RoutingTable:
+        """Exactly what a gateway's Dispatcher.apply_plan builds: `table_from_plan`."""
+        del assignments
+        return table_from_plan(plan, self.ctx.names)

@@ -1,0 +1,124 @@
+"""The routing-policy interface the simulator drives, and what every policy is given.
+
+A policy sees what a gateway sees: the request (key, prompt blocks, token counts), the time, and the
+completions of requests it routed (so it can keep in-flight counts). It never sees replica caches
+or queues - cache-aware policies keep their own approximate view, as real routers do.
+
+    policy.tick(t, i)      control-interval boundary (plan-based policies re-plan here);
+                           requests [0, i) have been routed
+    d = policy.route(i, t) destination of request i, arriving at t
+    policy.release(d)      a request routed to d finished
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.requestset import RequestSet
+from cacheroute.replay.service import ServiceModel
+
+__all__ = ["PlanConfig", "Policy", "PolicyContext", "UIntArray", "key_hashes"]
+
+UIntArray = NDArray[np.uint64]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """How the plan-based policies (affinity, affinity+replication, cacheroute) plan."""
+
+    q_cap: float
+    """Per-replica capacity knee of one key (requests/s): k_b = max(1, ceil(rate_b / q_cap))."""
+    warm_slots: int = 128
+    """W: warm slots per destination, C = R * W."""
+    control_interval_s: float = 30.0
+    """Re-plan every this many seconds of replay time from the rates seen in the last interval."""
+    oracle: bool = False
+    """Plan once from the true per-key rates of the whole replay instead of observed ones."""
+    rate_decay: float = 1.0
+    """Per-interval decay of observed counts: 1.0 = all requests so far, d < 1 = recent window."""
+    hysteresis: float = 0.2
+    imbalance_tolerance: float = 1.05
+
+    def __post_init__(self) -> None:
+        if not (self.q_cap > 0 and self.control_interval_s > 0 and self.warm_slots >= 0):
+            raise ReplayError("plan config: q_cap and control_interval_s must be > 0, W >= 0")
+        if not 0.0 < self.rate_decay <= 1.0:
+            raise ReplayError("plan config: rate_decay must be in (0, 1]")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for reports."""
+        return asdict(self)
+
+
+def key_hashes(keys: tuple[str, ...]) -> UIntArray:
+    """A stable 64-bit hash per key (blake2b), the same in every process and run."""
+    out = np.empty(len(keys), dtype=np.uint64)
+    for i, k in enumerate(keys):
+        out[i] = int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "little")
+    return out
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """Everything a policy may use: the requests, the cluster shape, a seed, the service model."""
+
+    requests: RequestSet
+    destinations: int
+    seed: int
+    service: ServiceModel
+    plan: PlanConfig
+    hashes: UIntArray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+
+    def __post_init__(self) -> None:
+        if self.destinations < 1:
+            raise ReplayError("a cluster needs at least one destination")
+        if self.hashes.size != len(self.requests.keys):
+            self.hashes = key_hashes(self.requests.keys)
+
+    @property
+    def names(self) -> list[str]:
+        """Destination names as gateways and plans use them."""
+        return [f"d{i}" for i in range(self.destinations)]
+
+    def random(self, salt: int) -> random.Random:
+        """A seeded `random.Random` (the dispatcher's Router takes one), distinct per salt."""
+        seq = np.random.SeedSequence([self.seed, salt])
+        return random.Random(int(seq.generate_state(1, np.uint64)[0]))  # noqa: S311 - seeded simulation RNG (the Router takes a random.Random)
+
+    def generator(self, salt: int) -> np.random.Generator:
+        """A seeded numpy Generator, distinct per salt."""
+        return np.random.default_rng([self.seed, salt])
+
+
+class Policy:
+    """Base class: in-flight counts per destination (from route/release) and no-op ticks."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+        self.inflight: list[int] = [0] * ctx.destinations
+        self.key_index: list[int] = ctx.requests.key_index.tolist()
+
+    def route(self, i: int, t: float) -> int:
+        """Destination index of request i at time t (subclasses also count it in flight)."""
+        raise NotImplementedError
+
+    def release(self, d: int) -> None:
+        """A request routed to d finished."""
+        self.inflight[d] -= 1
+
+    def tick(self, t: float, i: int) -> None:
+        """Control-interval boundary at time t; requests [0, i) have been routed."""
+        del t, i
+
+    def describe(self) -> dict[str, Any]:
+        """Policy-specific counters for the report."""
+        return {}

@@ -1,0 +1,308 @@
+"""Markdown reports: one per evaluation, and the evidence document built from several.
+
+Every number is read from the Evaluation; the evidence checks are computed, never written in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cacheroute.replay.evaluate import Evaluation, PolicyReport
+
+__all__ = [
+    "Check",
+    "EvidenceRun",
+    "evidence_checks",
+    "not_winning",
+    "relative",
+    "render_evidence",
+    "render_run",
+]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _ms(x: float) -> str:
+    if math.isnan(x):
+        return "n/a"
+    return f"{x / 1e3:.2f} s" if x >= 1000 else f"{x:.0f} ms"
+
+
+def _qps(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.0f}"
+
+
+def _top(p: PolicyReport) -> str:
+    top = p.at_capacity
+    return "n/a" if top is None else f"{top.max_over_mean:.2f} @ {top.offered_qps:.0f}"
+
+
+def render_run(ev: Evaluation, plots: Mapping[str, str], *, title: str, level: int = 2) -> str:
+    """Markdown for one evaluation; `plots` maps plot name -> relative path."""
+    h = "#" * level
+    cfg = ev.config
+    w = ev.workload
+    metric = cfg.slo_metric.upper()
+    flat_cap = ev.policies["flat-lb"].slo_capacity_qps
+    lines = [
+        f"{h} {title}",
+        "",
+        f"Workload: {w['source']}; {w['requests']:,} requests over {w['keys']:,} keys "
+        f"(Gini of request counts {w['gini']:.2f}, top 4% of keys {_pct(w['top4_share'])}, "
+        f"largest key {_pct(w['max_key_share'])}), mean prompt {w['mean_prompt_tokens']:.0f} "
+        f"tokens, mean output {w['mean_output_tokens']:.0f}.",
+        f"Scaling: {'; '.join(w['notes']) or 'none'}; every load point time-compresses this "
+        f"replay (base {w['base_rate_qps']:.1f} req/s) to the offered load.",
+        f"Cluster: R = {cfg.sim.destinations}, prefix cache {cfg.sim.service.cache_tokens:,} "
+        f"tokens and {cfg.sim.service.max_running} running sequences per replica; SLO: p99 "
+        f"{metric} <= {_ms(cfg.slo_ms)}. Measured knee of one replica {ev.knee_qps:.1f} req/s; "
+        f"q_cap = {ev.q_cap:.1f} req/s; W = {cfg.warm_slots}; "
+        f"{'oracle rates' if cfg.oracle else 'rates observed so far, re-planned'} "
+        f"{'' if cfg.oracle else f'{cfg.intervals} times per replay'}.",
+        f"Reference (matched) load: {ev.reference_qps:.0f} req/s, the highest sweep load "
+        "Flat-LB still serves within the SLO. Hit rate, imbalance and p99 below are at that load.",
+        "",
+        f"| policy | KV hit | max/mean (requests) | max/mean (prefill) | p99 {metric} | "
+        f"p99 E2E | SLO capacity (req/s) | vs Flat-LB | p99 {metric} hot keys / cold tail | "
+        "max/mean at own top load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, p in ev.policies.items():
+        ref = p.at_reference
+        vs = p.slo_capacity_qps / flat_cap if flat_cap > 0 else math.inf
+        lines.append(
+            f"| {name} | {_pct(ref.hit_rate)} | {ref.max_over_mean:.2f} | "
+            f"{ref.max_over_mean_prefill:.2f} | {_ms(ref.p99_ms(cfg.slo_metric))} | "
+            f"{_ms(ref.e2e_p99_ms)} | {_qps(p.slo_capacity_qps)} | {vs:.2f}x | "
+            f"{_ms(ref.hot_ttft_p99_ms)} / {_ms(ref.cold_ttft_p99_ms)} | {_top(p)} |"
+        )
+    d = ev.diagnostic
+    lines += [
+        "",
+        f"Diagnostic (workload only, no simulation): **{d.verdict}** - {d.reason}. Expected hit "
+        f"rate with affinity {_pct(d.hit_affinity)} vs spreading {_pct(d.hit_spread)} "
+        f"(eviction horizons {d.horizon_affinity_s:.0f} s / {d.horizon_spread_s:.0f} s), "
+        f"predicted capacity gain {d.predicted_gain:.2f}x, {_pct(d.pinned_share)} of requests "
+        "from recurring keys.",
+        f"Simulation: CacheRoute / Flat-LB capacity {ev.capacity_ratio:.2f}x, p99 at the "
+        f"reference load {ev.p99_ratio:.2f}x -> **{ev.simulation_verdict}**. The diagnostic "
+        f"{'agrees' if ev.agree else 'DISAGREES'} with the simulation.",
+        f"Recommendation: **{ev.recommendation}** (deploy only if capacity and p99 both beat "
+        f"Flat-LB by at least {_pct(cfg.margin)}; hit rate does not count).",
+    ]
+    if ev.cluster_sweep:
+        lines += [
+            "",
+            f"Cluster size at a fixed offered load of {ev.cluster_sweep[0]['offered_qps']:.0f} "
+            "req/s (capacities from a sweep at each R):",
+            "",
+            "| R | hit Flat-LB | hit CacheRoute | p99 Flat-LB | p99 CacheRoute | capacity "
+            "Flat-LB | capacity CacheRoute | capacity ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in ev.cluster_sweep:
+            f, c = row["flat-lb"], row["cacheroute"]
+            lines.append(
+                f"| {row['destinations']} | {_pct(f['hit_rate'])} | {_pct(c['hit_rate'])} | "
+                f"{_ms(f['p99_ms'])} | {_ms(c['p99_ms'])} | {_qps(f['slo_capacity_qps'])} | "
+                f"{_qps(c['slo_capacity_qps'])} | {row['capacity_ratio']:.2f}x |"
+            )
+    if plots:
+        lines.append("")
+        lines += [f"![{name}]({path})" for name, path in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One criterion of the issue's evidence section, with what was measured."""
+
+    claim: str
+    measured: str
+    holds: bool
+
+
+def evidence_checks(whale: Evaluation | None, low: Evaluation | None) -> list[Check]:
+    """The issue's evidence criteria, evaluated on the runs."""
+    out: list[Check] = []
+    if whale is not None:
+        p = whale.policies
+        fl, aff, rep, cr = (
+            p.get("flat-lb"),
+            p.get("affinity"),
+            p.get("affinity+replication"),
+            p["cacheroute"],
+        )
+        if fl and aff:
+            a, f = aff.at_reference, fl.at_reference
+            out.append(
+                Check(
+                    "whale: `affinity` has a high hit rate and high imbalance",
+                    f"hit {_pct(a.hit_rate)} (Flat-LB {_pct(f.hit_rate)}), max/mean "
+                    f"{a.max_over_mean:.2f}",
+                    a.hit_rate >= f.hit_rate + 0.10 and a.max_over_mean >= 2.0,
+                )
+            )
+        if aff and rep:
+            out.append(
+                Check(
+                    "whale: `affinity+replication` lowers imbalance",
+                    f"max/mean {rep.at_reference.max_over_mean:.2f} vs "
+                    f"{aff.at_reference.max_over_mean:.2f}",
+                    rep.at_reference.max_over_mean < aff.at_reference.max_over_mean,
+                )
+            )
+        if aff:
+            gap = aff.at_reference.hit_rate - cr.at_reference.hit_rate
+            out.append(
+                Check(
+                    "whale: `cacheroute` hit rate within 3 points of `affinity`",
+                    f"{_pct(cr.at_reference.hit_rate)} vs {_pct(aff.at_reference.hit_rate)} "
+                    f"({100 * gap:+.1f} points)",
+                    gap <= 0.03,
+                )
+            )
+        top = cr.at_capacity
+        out.append(
+            Check(
+                "whale: `cacheroute` max/mean <= 1.3",
+                f"{cr.at_reference.max_over_mean:.2f} at the reference load; "
+                + (
+                    "n/a"
+                    if top is None
+                    else f"{top.max_over_mean:.2f} at {top.offered_qps:.0f} req/s (its top load)"
+                ),
+                cr.at_reference.max_over_mean <= 1.3,
+            )
+        )
+        if fl:
+            ratio = cr.slo_capacity_qps / fl.slo_capacity_qps if fl.slo_capacity_qps else math.inf
+            out.append(
+                Check(
+                    "whale: `cacheroute` SLO capacity >= 2x `flat-lb`",
+                    f"{_qps(cr.slo_capacity_qps)} vs {_qps(fl.slo_capacity_qps)} req/s "
+                    f"({ratio:.2f}x)",
+                    ratio >= 2.0,
+                )
+            )
+        if whale.cluster_sweep:
+            ratios = [r["capacity_ratio"] for r in whale.cluster_sweep]
+            rs = [r["destinations"] for r in whale.cluster_sweep]
+            inner = any(
+                ratios[i] > ratios[i - 1] and ratios[i] > ratios[i + 1]
+                for i in range(1, len(ratios) - 1)
+            )
+            out.append(
+                Check(
+                    "whale: cluster size has a non-monotone effect (gain peaks at a middle R)",
+                    ", ".join(f"R={r}: {x:.2f}x" for r, x in zip(rs, ratios, strict=True)),
+                    inner,
+                )
+            )
+    if low is not None:
+        out.append(
+            Check(
+                "low-reuse: diagnostic says `tie` or `lose`",
+                f"{low.diagnostic.verdict} (predicted gain {low.diagnostic.predicted_gain:.2f}x)",
+                low.diagnostic.verdict in ("tie", "lose"),
+            )
+        )
+        out.append(
+            Check(
+                "low-reuse: recommendation is `keep flat-lb`",
+                f"{low.recommendation} (capacity ratio {low.capacity_ratio:.2f}x)",
+                low.recommendation == "keep flat-lb",
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRun:
+    """One evaluation in the evidence document: its title, result, plots and the command."""
+
+    title: str
+    evaluation: Evaluation
+    plots: Mapping[str, str]
+    command: str
+
+
+def not_winning(runs: Sequence[EvidenceRun], checks: Sequence[Check]) -> list[str]:
+    """Computed list: runs without a win, policies with more capacity, criteria that fail."""
+    items: list[str] = []
+    for run in runs:
+        ev = run.evaluation
+        cr = ev.policies["cacheroute"].slo_capacity_qps
+        if ev.simulation_verdict != "win":
+            items.append(
+                f"{run.title}: simulation says **{ev.simulation_verdict}** (capacity "
+                f"{ev.capacity_ratio:.2f}x Flat-LB); recommendation `{ev.recommendation}`."
+            )
+        better = [
+            f"`{n}` ({_qps(p.slo_capacity_qps)} vs {_qps(cr)} req/s)"
+            for n, p in ev.policies.items()
+            if n != "cacheroute" and p.slo_capacity_qps > cr * 1.02
+        ]
+        if better:
+            items.append(f"{run.title}: more SLO capacity than CacheRoute: {', '.join(better)}.")
+        if not ev.agree:
+            items.append(
+                f"{run.title}: the diagnostic ({ev.diagnostic.verdict}, predicted "
+                f"{ev.diagnostic.predicted_gain:.2f}x) disagrees with the simulation "
+                f"({ev.simulation_verdict}, {ev.capacity_ratio:.2f}x)."
+            )
+    items += [f"Criterion not met - {c.claim}: {c.measured}." for c in checks if not c.holds]
+    return items
+
+
+def render_evidence(
+    runs: Sequence[EvidenceRun],
+    checks: Sequence[Check],
+    *,
+    header: str,
+    timing: Mapping[str, Any],
+) -> str:
+    """The whole evidence document (docs/EVALUATION.md)."""
+    lines = [header.rstrip(), "", "## Summary", ""]
+    lines += [
+        "| run | diagnostic | simulation | agree | capacity CacheRoute / Flat-LB | "
+        "recommendation |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        ev = run.evaluation
+        lines.append(
+            f"| {run.title} | {ev.diagnostic.verdict} | {ev.simulation_verdict} | "
+            f"{'yes' if ev.agree else 'no'} | {ev.capacity_ratio:.2f}x | {ev.recommendation} |"
+        )
+    lines += ["", "### Where CacheRoute does not win", ""]
+    lines += [f"- {item}" for item in not_winning(runs, checks)] or ["- nowhere in these runs"]
+    lines += ["", "### Evidence criteria of the issue, checked on these runs", ""]
+    lines += ["| criterion | measured | holds |", "|---|---|---|"]
+    lines += [f"| {c.claim} | {c.measured} | {'yes' if c.holds else '**no**'} |" for c in checks]
+    lines += [
+        "",
+        "Simulator speed over the whole evidence run: "
+        f"{timing.get('sim_requests', 0):,} simulated requests in {timing.get('wall_s', 0):.0f} s "
+        f"({timing.get('sim_requests_per_s', 0):,.0f} requests/s, routing included).",
+        "",
+    ]
+    for run in runs:
+        lines.append(render_run(run.evaluation, run.plots, title=run.title))
+        lines.append(f"Command: `{run.command}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def relative(path: Path, base: Path) -> str:
+    """`path` relative to `base` (for links inside a Markdown file)."""
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,297 @@
+"""Trace readers: Mooncake JSONL, Azure LLM CSV, and a generic CSV/JSONL - all into a RequestSet.
+
+* **Mooncake** (kvcache-ai/Mooncake FAST'25 traces): one JSON object a line with `timestamp` (ms),
+  `input_length`, `output_length` and `hash_ids`, one id per 512-token block of the prompt (equal
+  ids = identical prefix). The routing key is the first `key_blocks` ids joined by `-` (the first
+  block alone is a poor key on production data: a handful of shared system prompts). Only full
+  blocks are cacheable: the id of a partial last block is dropped.
+* **Azure** (Azure Public Dataset, AzureLLMInferenceTrace 2023): `TIMESTAMP,ContextTokens,
+  GeneratedTokens` - token counts only, no prefixes. Keys are synthetic: each request draws a key
+  from a paper-like skewed distribution over `keys` keys, and the key's reusable prefix
+  (log-normal around `prefix_tokens`, capped by the context) is shared by all its requests; the
+  rest of each prompt is unique. The report says so.
+* **generic** (CSV with a header, or JSONL): `ts` (seconds), `key`, `prompt_tokens`,
+  `prefix_tokens`, optionally `output_tokens` (default 128) and `hash_ids` (JSONL list, or
+  space-separated in CSV) with `block_tokens`. Without hash ids, the first `prefix_tokens` of a
+  key's prompts are taken to be the same content for every request of that key (block j of key k
+  is shared), and the rest unique. `cacheroute workload generate` writes this format, with ids.
+
+`declared prefix` of a Mooncake request = its leading blocks already seen earlier in the trace
+(the infinite-cache hit ceiling); of an Azure request = its key's prefix after the key's first
+request.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+
+from cacheroute.planner.workload import paper_workload
+from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.requestset import IntArray, RequestSet, make_request_set
+
+__all__ = [
+    "TRACE_FORMATS",
+    "TraceFormat",
+    "read_azure",
+    "read_generic",
+    "read_mooncake",
+    "read_trace",
+]
+
+TraceFormat = Literal["mooncake", "azure", "csv"]
+TRACE_FORMATS: tuple[TraceFormat, ...] = ("mooncake", "azure", "csv")
+MOONCAKE_BLOCK_TOKENS = 512
+_DEFAULT_OUTPUT = 128
+
+
+def read_trace(
+    path: Path,
+    fmt: TraceFormat,
+    *,
+    rng: np.random.Generator,
+    key_blocks: int = 2,
+    limit: int | None = None,
+    keys: int = 1000,
+    prefix_tokens: float = 1024.0,
+    block_tokens: int = 512,
+) -> RequestSet:
+    """Read `path` in format `fmt` (see the module docstring for each format's options)."""
+    if fmt == "mooncake":
+        return read_mooncake(path, key_blocks=key_blocks, limit=limit)
+    if fmt == "azure":
+        return read_azure(
+            path,
+            rng,
+            keys=keys,
+            prefix_tokens=prefix_tokens,
+            block_tokens=block_tokens,
+            limit=limit,
+        )
+    if fmt == "csv":
+        return read_generic(path, block_tokens=block_tokens, limit=limit)
+    raise ReplayError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
+
+
+def _lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
+    try:
+        with path.open("rb") as fh:
+            for n, line in enumerate(fh, start=1):
+                if limit is not None and n > limit:
+                    return
+                if line.strip():
+                    yield n, line
+    except OSError as exc:
+        raise ReplayError(f"cannot read trace {path}: {exc}") from None
+
+
+def _json(path: Path, n: int, line: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ReplayError(f"{path}:{n}: not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ReplayError(f"{path}:{n}: expected a JSON object")
+    return obj
+
+
+def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) -> RequestSet:
+    """A Mooncake JSONL trace; key = the first `key_blocks` hash ids."""
+    if key_blocks < 1:
+        raise ReplayError("key_blocks must be >= 1")
+    times: list[float] = []
+    keys: list[str] = []
+    prompt: list[int] = []
+    output: list[int] = []
+    blocks: list[list[int]] = []
+    prefix: list[int] = []
+    seen: set[int] = set()
+    b = MOONCAKE_BLOCK_TOKENS
+    for n, line in _lines(path, limit):
+        obj = _json(path, n, line)
+        try:
+            ts = float(obj["timestamp"]) / 1000.0
+            p = int(obj["input_length"])
+            o = int(obj["output_length"])
+            ids = [int(x) for x in obj["hash_ids"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayError(f"{path}:{n}: bad Mooncake record ({exc!r})") from None
+        if p < 1 or not ids:
+            raise ReplayError(f"{path}:{n}: input_length and hash_ids must be non-empty")
+        full = ids[: min(len(ids), p // b)]
+        reused = 0
+        while reused < len(full) and full[reused] in seen:
+            reused += 1
+        seen.update(full)
+        times.append(ts)
+        keys.append("mc-" + "-".join(str(x) for x in ids[:key_blocks]))
+        prompt.append(p)
+        output.append(o)
+        blocks.append(full)
+        prefix.append(reused * b)
+    if not times:
+        raise ReplayError(f"{path}: no requests")
+    return make_request_set(
+        times=times,
+        keys=keys,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        block_lists=blocks,
+        prefix_tokens=prefix,
+        block_tokens=b,
+        source=f"Mooncake trace {path.name} (key = first {key_blocks} block ids)",
+    )
+
+
+def _azure_time(raw: str) -> float:
+    text = raw.strip()
+    if "." in text:  # the trace has 7 fractional digits; datetime takes at most 6
+        head, frac = text.split(".", 1)
+        text = f"{head}.{frac[:6]}"
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()  # the trace's own clock
+
+
+def read_azure(
+    path: Path,
+    rng: np.random.Generator,
+    *,
+    keys: int = 1000,
+    prefix_tokens: float = 1024.0,
+    block_tokens: int = 512,
+    limit: int | None = None,
+) -> RequestSet:
+    """An Azure LLM inference CSV trace with synthetic keys and per-key prefixes."""
+    times: list[float] = []
+    context: list[int] = []
+    generated: list[int] = []
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            for n, row in enumerate(csv.DictReader(fh), start=2):
+                if limit is not None and len(times) >= limit:
+                    break
+                try:
+                    times.append(_azure_time(row["TIMESTAMP"]))
+                    context.append(max(1, int(row["ContextTokens"])))
+                    generated.append(max(1, int(row["GeneratedTokens"])))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ReplayError(f"{path}:{n}: bad Azure row ({exc!r})") from None
+    except OSError as exc:
+        raise ReplayError(f"cannot read trace {path}: {exc}") from None
+    if not times:
+        raise ReplayError(f"{path}: no requests")
+    n_req = len(times)
+    t = np.asarray(times) - min(times)
+    shares = paper_workload(max(keys, 4), rng, total_rate=1.0, max_share=max(0.003, 1 / keys))
+    p = shares.rates / shares.rates.sum()
+    key = rng.choice(p.size, size=n_req, p=p).astype(np.int64)
+    mu = math.log(max(prefix_tokens, 1.0)) - 0.5 * 0.6**2
+    key_prefix = np.rint(rng.lognormal(mu, 0.6, p.size)).astype(np.int64)
+    ctx = np.asarray(context, dtype=np.int64)
+    pre = np.minimum(key_prefix[key], ctx)
+    offsets, ids = _chain_blocks(key, pre, ctx, block_tokens)
+    first = np.zeros(n_req, dtype=np.bool_)
+    first[np.unique(key, return_index=True)[1]] = True
+    width = len(str(p.size - 1))
+    return make_request_set(
+        times=t,
+        keys=[f"azure-key-{k:0{width}d}" for k in key.tolist()],
+        prompt_tokens=ctx,
+        output_tokens=generated,
+        block_offsets=offsets,
+        block_ids=ids,
+        prefix_tokens=np.where(first, 0, pre),
+        block_tokens=block_tokens,
+        source=f"Azure trace {path.name} (token counts only; synthetic keys and prefixes)",
+        notes=(f"synthetic keys: {p.size} keys, prefix ~{prefix_tokens:g} tokens per key",),
+    )
+
+
+def _chain_blocks(
+    key: IntArray, prefix: IntArray, prompt: IntArray, block_tokens: int
+) -> tuple[IntArray, IntArray]:
+    """Blocks of prompts whose first `prefix` tokens are their key's shared chain.
+
+    Block j of a prompt is key block j when it lies wholly in the prefix, else unique.
+    """
+    b = block_tokens
+    sizes = prompt // b
+    offsets = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+    pos = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], sizes)
+    chain = int(prompt.max()) // b + 1
+    shared = (pos + 1) * b <= np.repeat(prefix, sizes)
+    key_ids = np.repeat(key, sizes) * chain + pos
+    unique_ids = (int(key.max()) + 1) * chain + np.arange(total, dtype=np.int64)
+    ids: IntArray = np.where(shared, key_ids, unique_ids)
+    return offsets, ids
+
+
+def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = None) -> RequestSet:
+    """A generic CSV (with header) or JSONL trace: ts, key, prompt_tokens, prefix_tokens, ..."""
+    rows: list[dict[str, Any]] = []
+    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        rows = [_json(path, n, line) for n, line in _lines(path, limit)]
+    else:
+        try:
+            with path.open(newline="", encoding="utf-8") as fh:
+                for row in csv.DictReader(fh):
+                    if limit is not None and len(rows) >= limit:
+                        break
+                    rows.append(dict(row))
+        except OSError as exc:
+            raise ReplayError(f"cannot read trace {path}: {exc}") from None
+    if not rows:
+        raise ReplayError(f"{path}: no requests")
+    try:
+        times = [float(r["ts"]) for r in rows]
+        keys = [str(r["key"]) for r in rows]
+        prompt = np.asarray([int(r["prompt_tokens"]) for r in rows], dtype=np.int64)
+        prefix = np.asarray([int(r.get("prefix_tokens") or 0) for r in rows], dtype=np.int64)
+        output = [int(r.get("output_tokens") or _DEFAULT_OUTPUT) for r in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplayError(f"{path}: every row needs ts, key, prompt_tokens ({exc!r})") from None
+    bt = int(rows[0].get("block_tokens") or block_tokens)
+    if any("hash_ids" in r for r in rows):
+        lists = [_ids(r.get("hash_ids")) for r in rows]
+        lists = [ids[: int(p) // bt] for ids, p in zip(lists, prompt.tolist(), strict=True)]
+        return make_request_set(
+            times=times,
+            keys=keys,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            block_lists=lists,
+            prefix_tokens=prefix,
+            block_tokens=bt,
+            source=f"trace {path.name}",
+        )
+    _, key_idx = np.unique(np.asarray(keys, dtype=object), return_inverse=True)
+    offsets, ids = _chain_blocks(key_idx.astype(np.int64), np.minimum(prefix, prompt), prompt, bt)
+    return make_request_set(
+        times=times,
+        keys=keys,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        block_offsets=offsets,
+        block_ids=ids,
+        prefix_tokens=prefix,
+        block_tokens=bt,
+        source=f"trace {path.name} (a key's prefix tokens taken as shared content)",
+    )
+
+
+def _ids(value: object) -> list[int]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [int(x) for x in value.split()]
+    if isinstance(value, list):
+        return [int(x) for x in value]
+    raise ReplayError(f"hash_ids must be a list or a space-separated string, got {value!r}")

@@ -1,0 +1,178 @@
+"""Each policy's routing rule, on hand-made states; plan-based ones through the real Router."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from cacheroute.dispatcher.routing import Router, RoutingTable
+from cacheroute.replay.baselines import Chwbl, FlatLB, Sticky
+from cacheroute.replay.cacheaware import Preble, SGLang
+from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.planned import Affinity, AffinityReplication, CacheRoute, rendezvous_order
+from cacheroute.replay.policies import POLICY_NAMES, make_policy
+from cacheroute.replay.policy import PlanConfig, PolicyContext
+from cacheroute.replay.prefixindex import PrefixIndex
+from cacheroute.replay.requestset import RequestSet
+from cacheroute.replay.service import ServiceModel
+
+from .conftest import TinyFactory, WorkloadFactory
+
+
+def current_table(router: Router) -> RoutingTable | None:
+    """The router's live table, read through a call (it changes under the policy's feet)."""
+    return router.table
+
+
+def ctx_for(q: RequestSet, r: int = 4, **plan: float) -> PolicyContext:
+    cfg = PlanConfig(**({"q_cap": 5.0, "control_interval_s": 10.0} | plan))  # type: ignore[arg-type]
+    return PolicyContext(requests=q, destinations=r, seed=0, service=ServiceModel(), plan=cfg)
+
+
+def test_registry_has_the_fixed_names(workload_factory: WorkloadFactory) -> None:
+    assert POLICY_NAMES == (
+        "flat-lb",
+        "sticky",
+        "chwbl",
+        "sglang",
+        "preble",
+        "affinity",
+        "affinity+replication",
+        "cacheroute",
+    )
+    ctx = ctx_for(workload_factory("paper", requests=300))
+    for name in POLICY_NAMES:
+        assert make_policy(name, ctx).name == name
+    with pytest.raises(ReplayError):
+        make_policy("random", ctx)
+
+
+def test_flat_lb_is_the_dispatchers_router(workload_factory: WorkloadFactory) -> None:
+    p = FlatLB(ctx_for(workload_factory("paper", requests=300)))
+    assert current_table(p.router) is None
+    p.router.inflight[:] = [9, 0, 9, 9]
+    picks: Counter[int] = Counter()
+    for i in range(200):
+        d = p.route(i, 0.0)
+        picks[d] += 1
+        p.release(d)
+    assert picks[1] == pytest.approx(100, abs=30)  # P2C: d1 wins every draw it is in (p = 1/2)
+    assert p.router.counts[4] == 200  # all "no plan" routes
+
+
+def test_sticky_is_deterministic_and_key_stable(workload_factory: WorkloadFactory) -> None:
+    q = workload_factory("paper", requests=500)
+    a, b = Sticky(ctx_for(q, 8)), Sticky(ctx_for(q, 8))
+    first: dict[int, int] = {}
+    for i in range(q.n):
+        d = a.route(i, 0.0)
+        assert d == b.route(i, 0.0)
+        assert first.setdefault(int(q.key_index[i]), d) == d
+
+
+def test_chwbl_never_exceeds_its_bound(workload_factory: WorkloadFactory) -> None:
+    q = workload_factory("whale", requests=2000)
+    p = Chwbl(ctx_for(q, 6))
+    for i in range(q.n):
+        total_before = p.total
+        d = p.route(i, 0.0)
+        assert p.inflight[d] <= np.ceil(1.25 * (total_before + 1) / 6)
+    assert p.spilled > 0
+    assert sum(p.inflight) == q.n
+
+
+def test_prefix_index_matches_per_destination() -> None:
+    idx = PrefixIndex(3, capacity_blocks=10)
+    idx.insert(0, [1, 2, 3])
+    idx.insert(2, [1, 2])
+    assert idx.match([1, 2, 3, 4]) == [3, 0, 2]
+    assert idx.match([5]) == [0, 0, 0]
+    for b in range(100, 110):
+        idx.insert(0, [b])
+    assert idx.size(0) == 10
+    assert idx.match([1]) == [0, 0, 1]
+
+
+def test_sglang_follows_the_cache_then_the_queue(tiny_factory: TinyFactory) -> None:
+    q = tiny_factory([[1, 2, 3], [1, 2, 3, 4], [9], [1, 2, 3]])
+    p = SGLang(ctx_for(q, 3))
+    d0 = p.route(0, 0.0)
+    assert p.route(1, 0.0) == d0  # > 50% of the prompt matched there
+    assert p.route(2, 0.0) != d0  # no match: the smallest tree
+    p.inflight[:] = [40, 40, 40]
+    p.inflight[d0] = 80  # imbalanced beyond 32 requests: shortest queue
+    assert p.route(3, 0.0) != d0
+    assert p.counts == {"balance": 1, "cache_hit": 1, "smallest_tree": 2}
+
+
+def test_preble_exploits_then_rebalances(tiny_factory: TinyFactory) -> None:
+    q = tiny_factory([[1, 2, 3]] * 40, output=[2000] * 40)
+    p = Preble(ctx_for(q, 3))
+    d0 = p.route(0, 0.0)
+    assert p.route(1, 0.0) == d0  # exploit: the whole prefix is there
+    for i in range(2, 40):
+        p.route(i, 0.0)
+    assert p.counts["rebalanced"] >= 1  # the hot prefix's home got too loaded
+    assert len(set(p.index.match([1, 2, 3]))) >= 1
+    assert min(p.inflight) > 0
+
+
+def test_rendezvous_order_is_a_permutation_and_stable() -> None:
+    h = np.array([1, 2, 3, 2**63 + 5], dtype=np.uint64)
+    order = rendezvous_order(h, 5)
+    assert order.shape == (4, 5)
+    assert all(sorted(row) == list(range(5)) for row in order.tolist())
+    assert np.array_equal(order, rendezvous_order(h, 5))
+    assert np.array_equal(order[:, :3], rendezvous_order(h, 5)[:, :3])
+
+
+def test_plans_arrive_at_the_first_tick_and_route_through_the_router(
+    workload_factory: WorkloadFactory,
+) -> None:
+    q = workload_factory("whale", requests=3000)
+    for cls in (Affinity, AffinityReplication, CacheRoute):
+        p = cls(ctx_for(q, 8, q_cap=q.rate / 30))
+        assert p.route(0, 0.0) in range(8)
+        assert current_table(p.router) is None
+        for i in range(1, 1500):
+            p.route(i, float(q.times[i]))
+        p.tick(float(q.times[1500]), 1500)
+        table = current_table(p.router)
+        assert table is not None
+        assert len(table) > 0
+        sizes = Counter(len(table.targets(k)) for k in q.keys if k in table)
+        if cls is Affinity:
+            assert set(sizes) == {1}
+        else:
+            assert max(sizes) > 1  # whales are replicated
+        for i in range(1500, 2000):
+            key = q.keys[int(q.key_index[i])]
+            d = p.route(i, float(q.times[i]))
+            if key in table:
+                assert d in table.targets(key)
+        info = p.describe()
+        assert info["plans"] == 1
+        assert info["routes"]["plan"] > 0
+
+
+def test_cacheroute_replans_from_its_previous_plan(workload_factory: WorkloadFactory) -> None:
+    q = workload_factory("paper", requests=3000)
+    p = CacheRoute(ctx_for(q, 8, q_cap=q.rate / 30))
+    for t, i in ((10.0, 1000), (20.0, 2000)):
+        for j in range(i - 1000, i):
+            p.route(j, float(q.times[j]))
+        p.tick(t, i)
+    assert p.plan is not None
+    assert p.plan.version == 2
+    assert p.describe()["mean_moved_rate_share"] < 0.5
+
+
+def test_oracle_plans_up_front(workload_factory: WorkloadFactory) -> None:
+    q = workload_factory("paper", requests=1000)
+    p = CacheRoute(ctx_for(q, 4, oracle=True))
+    assert p.router.table is not None
+    p.tick(5.0, 500)
+    assert p.plan is not None
+    assert p.plan.version == 1

@@ -1,0 +1,88 @@
+"""Trace readers on the bundled sample traces, and the generic format's round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.sources import SourceSpec, detect_format, load_source, write_jsonl
+from cacheroute.replay.traces import read_azure, read_generic, read_mooncake
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
+
+
+def test_mooncake_arxiv_sample_has_the_documented_shape() -> None:
+    q = read_mooncake(DATA / "mooncake_arxiv_1000.jsonl", key_blocks=2)
+    s = q.stats()
+    assert s["requests"] == 1000
+    assert s["keys"] == 403
+    assert s["max_key_share"] == pytest.approx(0.36, abs=0.01)
+    assert s["gini"] == pytest.approx(0.58, abs=0.01)
+    assert s["declared_prefix_share"] == pytest.approx(0.38, abs=0.02)  # infinite-cache ceiling
+    assert q.block_tokens == 512
+    assert np.all(np.diff(q.block_offsets) * 512 <= q.prompt_tokens)
+
+
+def test_mooncake_key_blocks_changes_the_key() -> None:
+    one = read_mooncake(DATA / "mooncake_arxiv_1000.jsonl", key_blocks=1)
+    assert len(one.keys) <= 5  # a handful of shared system prompts
+
+
+def test_azure_has_synthetic_keys_and_prefixes() -> None:
+    q = read_azure(DATA / "azure_llm_2023_conv_3000.csv", np.random.default_rng(0), keys=100)
+    assert q.n == 3000
+    assert len(q.keys) <= 100
+    assert q.keys[0].startswith("azure-key-")
+    assert 0 < q.stats()["declared_prefix_share"] < 1
+    assert "synthetic keys" in q.notes[0]
+    assert q.times[0] == 0.0
+    assert q.duration > 0
+
+
+def test_generic_jsonl_round_trip(tmp_path: Path) -> None:
+    src = load_source(SourceSpec(workload="whale", requests=500, keys=50))
+    path = tmp_path / "w.jsonl"
+    write_jsonl(src, path)
+    assert detect_format(path) == "csv"
+    back = read_generic(path)
+    assert back.n == src.n
+    assert back.block_tokens == src.block_tokens
+    assert np.allclose(back.times, src.times, atol=1e-6)
+    assert np.array_equal(back.prompt_tokens, src.prompt_tokens)
+    assert np.array_equal(np.diff(back.block_offsets), np.diff(src.block_offsets))
+    assert [back.keys[k] for k in back.key_index] == [src.keys[k] for k in src.key_index]
+
+
+def test_generic_csv_without_hashes_shares_a_keys_prefix(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "ts,key,prompt_tokens,prefix_tokens\n0.0,a,1200,1024\n0.5,b,700,0\n1.0,a,1500,1024\n",
+        encoding="utf-8",
+    )
+    q = read_generic(path, block_tokens=512)
+    assert q.blocks_of(0).tolist()[:2] == q.blocks_of(2).tolist()[:2]
+    assert not set(q.blocks_of(1).tolist()) & set(q.blocks_of(0).tolist())
+    assert q.output_tokens.tolist() == [128, 128, 128]
+
+
+def test_formats_are_detected() -> None:
+    assert detect_format(DATA / "mooncake_arxiv_1000.jsonl") == "mooncake"
+    assert detect_format(DATA / "azure_llm_2023_conv_3000.csv") == "azure"
+
+
+def test_small_traces_are_tiled_to_the_size_asked_for() -> None:
+    q = load_source(
+        SourceSpec(trace=DATA / "mooncake_synthetic_600.jsonl", fmt="mooncake", requests=1500)
+    )
+    assert q.n == 1800
+    assert "tiled x3" in q.notes[0]
+
+
+def test_bad_lines_name_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n', encoding="utf-8")
+    with pytest.raises(ReplayError, match=r"bad\.jsonl:1"):
+        read_mooncake(path)
