@@ -9,11 +9,12 @@ Figures:
 - p50_ns / p99_ns: latency of single route() calls, timed one by one with perf_counter_ns
   (`timer_overhead_ns` is the cost of the timer pair itself, measured in the same run);
 - swap_max_stall_ms: the worst single route() latency seen by a routing thread while another
-  thread takes a new 128k-key plan version through the whole gateway path: the encoded Kafka
-  records (chunks + header, as the planner publishes them) are assembled, checksummed, decoded and
-  validated by the follower's `PlanAssembler`, then the routing table is built and swapped in
-  (`baseline_max_stall_ms`: the routing thread's worst call over an equally long window without a
-  swap, so the scheduler's own noise is visible).
+  thread applies a new 128k-key plan version (builds its routing table and swaps it in);
+- receive_max_stall_ms: the same, but the other thread takes the version through the whole gateway
+  path first: the encoded Kafka records (chunks + header, as the planner publishes them) are
+  assembled, checksummed, decoded and validated by the follower's `PlanAssembler`, then applied;
+- baseline_max_stall_ms: the routing thread's worst call over an equally long window with nothing
+  else running, so the scheduler's own noise is visible.
 """
 
 from __future__ import annotations
@@ -89,6 +90,32 @@ def _stall_during(d: Dispatcher, stream: list[str], action: Any) -> tuple[float,
     return worst[0] / 1e6, count[0]
 
 
+def _throughput(d: Dispatcher, stream: list[str]) -> float:
+    """Seconds for route + acquire + release of every key, 64 requests outstanding."""
+    route, acquire, release = d.route_index, d.acquire, d.release
+    window: deque[int] = deque()
+    began = time.perf_counter()
+    for key in stream:
+        i = route(key)
+        acquire(i)
+        window.append(i)
+        if len(window) > 64:
+            release(window.popleft())
+    elapsed = time.perf_counter() - began
+    while window:
+        release(window.popleft())
+    return elapsed
+
+
+def _timer_overhead_ns() -> float:
+    clock = time.perf_counter_ns
+    overhead = []
+    for _ in range(20_000):
+        t0 = clock()
+        overhead.append(clock() - t0)
+    return float(statistics.median(overhead))
+
+
 def bench_dispatcher(
     keys: int = 128_824, destinations: int = 30, decisions: int = 1_000_000, seed: int = 0
 ) -> dict[str, Any]:
@@ -115,38 +142,31 @@ def bench_dispatcher(
     admitted = set(plan1.keys)
     admitted_share = sum(1 for k in stream[:100_000] if k in admitted) / min(len(stream), 100_000)
 
-    # throughput: route + acquire + release with 64 requests outstanding
-    route, acquire, release = d.route_index, d.acquire, d.release
-    window: deque[int] = deque()
-    began = time.perf_counter()
-    for key in stream:
-        i = route(key)
-        acquire(i)
-        window.append(i)
-        if len(window) > 64:
-            release(window.popleft())
-    elapsed = time.perf_counter() - began
-    while window:
-        release(window.popleft())
+    elapsed = _throughput(d, stream)
+    lat = sorted(_timed_routes(d, stream[:200_000]))
+    overhead_ns = _timer_overhead_ns()
 
-    # per-call latency
-    sample = stream[:200_000]
-    lat = sorted(_timed_routes(d, sample))
-    clock = time.perf_counter_ns
-    overhead = []
-    for _ in range(20_000):
-        t0 = clock()
-        overhead.append(clock() - t0)
-    overhead_ns = statistics.median(overhead)
+    # swap stall: apply a ready plan (build the table, swap it in) while a thread routes
+    t_apply = [0.0]
 
-    # swap stall: take a new 128k-key version from its Kafka records to the live table
-    encoded = encode_plan(plan2)
+    def apply() -> None:
+        t0 = time.perf_counter()
+        d.apply_plan(plan2)
+        t_apply[0] = time.perf_counter() - t0
+
+    stall_ms, routed_during = _stall_during(d, stream, apply)
+
+    # receive stall: take a new version from its Kafka records to the live table
+    plan3 = build_plan(
+        work.keys, work.rates, names, params, version=3, created_ms=int(time.time() * 1000)
+    )
+    encoded = encode_plan(plan3)
     records = [(chunk_key(i), c) for i, c in enumerate(encoded.chunks)]
     records.append((HEADER_KEY, encoded.header_bytes))
-    t_apply = [0.0]
+    t_receive = [0.0]
     outcomes: list[object] = []
 
-    def swap() -> None:
+    def receive() -> None:
         t0 = time.perf_counter()
         assembler = PlanAssembler(pause=_yield_gil)
         for key, value in records:
@@ -156,10 +176,10 @@ def bench_dispatcher(
                 d.apply_plan(outcome.plan)
             else:
                 time.sleep(0)
-        t_apply[0] = time.perf_counter() - t0
+        t_receive[0] = time.perf_counter() - t0
 
-    stall_ms, routed_during = _stall_during(d, stream, swap)
-    base_ms, _ = _stall_during(d, stream, lambda: time.sleep(max(t_apply[0], 0.05)))
+    receive_ms, _ = _stall_during(d, stream, receive)
+    base_ms, _ = _stall_during(d, stream, lambda: time.sleep(max(t_receive[0], 0.05)))
     return {
         "keys": keys,
         "destinations": destinations,
@@ -174,6 +194,8 @@ def bench_dispatcher(
         "swap_max_stall_ms": round(stall_ms, 3),
         "baseline_max_stall_ms": round(base_ms, 3),
         "swap_apply_ms": round(t_apply[0] * 1000, 1),
+        "receive_max_stall_ms": round(receive_ms, 3),
+        "receive_ms": round(t_receive[0] * 1000, 1),
         "swap_chunks": len(encoded.chunks),
         "swap_record_bytes": sum(len(c) for c in encoded.chunks) + len(encoded.header_bytes),
         "routed_during_swap": routed_during,

@@ -225,6 +225,8 @@ class PlanAssembler:
         if chunk_checksum(values) != header.checksum:
             return Rejected(v, "checksum", f"version {v}: chunk checksum does not match", where)
         try:
+            if self._pause is not None:
+                self._pause()  # after the checksum pass
             decoded = decode_chunks(header, values, pause=self._pause)
             plan = plan_from_records(header, decoded, pause=self._pause)
         except PlannerError as exc:

@@ -328,6 +328,10 @@ def decode_chunks(
     return out
 
 
+def _no_pause() -> None:
+    return None
+
+
 def plan_from_records(
     header: PlanHeader,
     chunks: Sequence[PlanChunk],
@@ -349,6 +353,8 @@ def plan_from_records(
             raise ProtocolError(
                 f"version {v}: chunk {i} is chunk {chunk.index} of version {chunk.version}"
             )
+    yield_ = pause or _no_pause
+    key_list: list[str] = []
     for chunk in chunks:
         if not len(chunk.keys) == len(chunk.replicas) == len(chunk.rates):
             raise ProtocolError(f"version {v}: chunk {chunk.index} has columns of unequal length")
@@ -357,7 +363,10 @@ def plan_from_records(
                 f"version {v}: chunk {chunk.index}: replicas add up to {sum(chunk.replicas)}, "
                 f"targets has {len(chunk.targets)}"
             )
-    keys = tuple(k for c in chunks for k in c.keys)
+        key_list.extend(chunk.keys)
+        yield_()
+    keys = tuple(key_list)
+    del key_list
     if len(keys) != header.key_count:
         raise ProtocolError(f"version {v}: {len(keys)} keys, the header says {header.key_count}")
     dests = tuple(Destination(d.name, d.capacity) for d in header.destinations)
@@ -365,15 +374,20 @@ def plan_from_records(
         raise ProtocolError(
             f"version {v}: {len(header.expected_load)} expected loads for {len(dests)} destinations"
         )
-    counts = np.concatenate(
-        [np.asarray(c.replicas, np.int64) for c in chunks] or [np.zeros(0, np.int64)]
-    )
+    count_parts = [np.zeros(0, np.int64)]
+    target_parts = [np.zeros(0, np.int64)]
+    rate_parts = [np.zeros(0, np.float64)]
+    for c in chunks:  # list -> array per chunk, yielding between chunks
+        count_parts.append(np.asarray(c.replicas, np.int64))
+        target_parts.append(np.asarray(c.targets, np.int64))
+        rate_parts.append(np.asarray(c.rates, np.float64))
+        yield_()
+    counts = np.concatenate(count_parts)
     offsets: IntArray = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    targets = np.concatenate(
-        [np.asarray(c.targets, np.int64) for c in chunks] or [np.zeros(0, np.int64)]
-    )
-    rates = np.concatenate([np.asarray(c.rates, np.float64) for c in chunks] or [np.zeros(0)])
+    targets = np.concatenate(target_parts)
+    rates = np.concatenate(rate_parts)
+    yield_()
     p = header.params
     if p.admission not in ("rate", "bytes"):
         raise ProtocolError(f"version {v}: unknown admission mode {p.admission!r}")
@@ -409,7 +423,6 @@ def plan_from_records(
             balanced=None if header.balanced is None else bool(header.balanced),
         ),
     )
-    if pause is not None:
-        pause()
+    yield_()
     plan.validate(pause=pause)
     return plan
