@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from cacheroute.dispatcher.emitter import Emitter
 from cacheroute.dispatcher.emitter_bench import bench_emitter
 from cacheroute.dispatcher.emitter_config import EmitterConfig
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config, producer_config
+from cacheroute.progress import progress_bar
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
@@ -229,14 +230,7 @@ def bench_streams(
     result: dict[str, Any] = {"events": events, "keys": keys, "seed": seed}
     try:
         with (
-            Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            ) as progress,
+            progress_bar(console) as progress,
             tempfile.TemporaryDirectory(prefix="cacheroute-bench-") as tmp,
         ):
             began = time.perf_counter()

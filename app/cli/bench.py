@@ -23,7 +23,6 @@ import click
 import numpy as np
 import orjson
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cacheroute.errors import CacheRouteError
@@ -38,6 +37,7 @@ from cacheroute.planner import (
 from cacheroute.planner.experiment import run_drift_experiment
 from cacheroute.planner.plan import FloatArray
 from cacheroute.planner.workload import PAPER_KEYS, Workload, default_q_cap, paper_workload
+from cacheroute.progress import progress_bar
 from cacheroute.settings import Settings
 
 __all__ = ["bench"]
@@ -60,19 +60,10 @@ class _Shape:
 
 @click.group()
 def bench() -> None:
-    """Measure the planner offline (no Kafka): build speed vs the reference, memory, churn."""
+    """Benchmarks that print one JSON object with --json, each with a same-run baseline.
 
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
+    planner/churn/dispatcher/emitter run offline; streams needs a broker (`cacheroute kafka start`).
+    """
 
 
 @contextmanager
@@ -173,7 +164,7 @@ def planner_bench(
     console = Console(stderr=True)
     dests = [f"d{i}" for i in range(destinations)]
     shape = _Shape(destinations, warm_slots, q_cap, admission, seed)
-    with _errors(), _progress(console) as progress:
+    with _errors(), progress_bar(console) as progress:
         task = progress.add_task("workload", total=None)
         result = _measure(
             _workload(keys, seed),
@@ -397,7 +388,7 @@ def churn_bench(
         timings["hysteresis" if prev is not None else "scratch"].append(ms)
         return built
 
-    with _errors(), _progress(console) as progress:
+    with _errors(), progress_bar(console) as progress:
         task = progress.add_task("workload", total=None)
         work = _workload(keys, seed)
         params = _params(

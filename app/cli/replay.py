@@ -9,27 +9,15 @@ from pathlib import Path
 import click
 import orjson
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cacheroute.errors import CacheRouteError
+from cacheroute.progress import progress_bar
 from cacheroute.replay.sources import SourceSpec, load_source
 from cacheroute.replay.traces import TRACE_FORMATS
 from cacheroute.replay.workloads import KINDS
 from cacheroute.settings import Settings
 
 __all__ = ["replay"]
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
 
 
 def _time_ms(text: str) -> int:
@@ -96,7 +84,7 @@ def replay(
             raise click.UsageError("copying a topic needs --to TOPIC")
         from cacheroute.replay.live import copy_topic  # noqa: PLC0415 - Kafka client, lazily
 
-        with _progress(console) as progress:
+        with progress_bar(console) as progress:
             task = progress.add_task(f"copy {source[6:]} -> {dest}", total=None)
             copied = copy_topic(
                 settings,
@@ -126,7 +114,7 @@ def replay(
     from cacheroute.dispatcher.emitter import Emitter  # noqa: PLC0415 - Kafka client, lazily
     from cacheroute.replay.live import push  # noqa: PLC0415
 
-    with _progress(console) as progress, Emitter(settings, gateway_id) as emitter:
+    with progress_bar(console) as progress, Emitter(settings, gateway_id) as emitter:
         task = progress.add_task(
             f"replay x{speed:g} into {settings.topics['requests']}", total=reqs.n
         )
