@@ -1,78 +1,126 @@
-"""`cacheroute demo`: the main job. For now: a real broker, the topics, and one event round trip.
+"""`cacheroute demo`: the main job - the whole pipeline live on a local broker.
 
-The live demo (synthetic gateways -> streams agent -> planner -> dispatchers, with a terminal view)
-replaces this body when the demo issue lands; the command name stays.
+Synthetic gateways (real `Dispatcher` + `Emitter`, simulated prefix caches) -> `requests` ->
+streams agent -> `rates` -> planner -> `plans` -> the gateways' dispatchers, with a live terminal
+view. See cacheroute.demo.run for what it starts and how it cleans up.
 """
 
 from __future__ import annotations
 
-import time
-
 import click
-from confluent_kafka import Producer
 from rich.console import Console
-from rich.panel import Panel
 
 from cacheroute.cli.kafka import broker_for
-from cacheroute.cli.topics import render_outcomes
 from cacheroute.errors import CacheRouteError
-from cacheroute.kafkaio import produce_sync, producer_config, read_partition
-from cacheroute.localkafka import resolve_distribution
+from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.localkafka.broker import broker_answers
-from cacheroute.schemas import RequestEvent, codec_for
 from cacheroute.settings import Settings
-from cacheroute.topics import ensure_topics
 
 __all__ = ["demo"]
 
 
 @click.command()
-@click.option("--key", default="tenant-42/conversation-7", show_default=True, help="Routing key.")
+@click.option("--duration", "duration_s", default=60.0, show_default=True, help="Seconds to run.")
+@click.option(
+    "--interval",
+    "interval_s",
+    default=5.0,
+    show_default=True,
+    help="Planner control interval (s); also the streams window.",
+)
+@click.option("--gateways", default=2, show_default=True, type=click.IntRange(min=1, max=8))
+@click.option("--destinations", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=2000.0, show_default=True, help="Total requests/s offered.")
+@click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
+@click.option("--q-cap", default=4.0, show_default=True, help="Planner q_cap (req/s per replica).")
+@click.option("--warm-slots", default=64, show_default=True, type=click.IntRange(min=0))
+@click.option("--cache-blocks", default=2048, show_default=True, help="Simulated cache/dest.")
+@click.option(
+    "--max-plan-age",
+    "max_plan_age_s",
+    type=float,
+    help="Planner --max-plan-age (s) [planner default: 10 intervals].",
+)
 @click.option("--no-broker", is_flag=True, help="Use the broker at --bootstrap; do not start one.")
+@click.option("--headless", is_flag=True, help="No live view; progress lines on stderr.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON summary on stdout at the end."
+)
+@click.option("--keep-topics", is_flag=True, help="Keep this run's topics (default: delete).")
 @click.pass_obj
-def demo(settings: Settings, key: str, no_broker: bool) -> None:
-    """Start a local broker, create the topics, send a sample request event and read it back."""
-    console = Console()
-    if not no_broker:
+def demo(
+    settings: Settings,
+    duration_s: float,
+    interval_s: float,
+    gateways: int,
+    destinations: int,
+    rate: float,
+    keys: int,
+    q_cap: float,
+    warm_slots: int,
+    cache_blocks: int,
+    max_plan_age_s: float | None,
+    no_broker: bool,
+    headless: bool,
+    as_json: bool,
+    keep_topics: bool,
+) -> None:
+    """Run the live demo: broker, topics, streams worker, planner and gateways, with a live view.
+
+    Starts (or reuses) the local broker, creates topics under a fresh prefix `demo-<id>.`, runs a
+    faust rate worker, a planner and --gateways gateway processes that replay a paper-like workload
+    through real dispatchers (following the plans topic) and emitters against a simulated cluster
+    (block LRU prefix cache per destination). Ends after --duration or on Ctrl-C: stops everything
+    it started (the broker only if it started it) and deletes its topics unless --keep-topics.
+    """
+    from cacheroute.demo.run import DemoOptions, run_demo, write_json  # noqa: PLC0415
+
+    if interval_s < 1:
+        raise click.BadParameter("must be >= 1 s", param_hint="--interval")
+    console = Console(stderr=True)
+    started: LocalBroker | None = None
+    if no_broker or broker_answers(settings.bootstrap):
+        if not broker_answers(settings.bootstrap):
+            raise CacheRouteError(f"no broker answers at {settings.bootstrap}")
+        console.print(f"using the broker at {settings.bootstrap}")
+    else:
         broker = broker_for(settings)
         dist = resolve_distribution(settings, console=console)
         with console.status(f"Starting Kafka {dist.version} at {broker.bootstrap} ..."):
-            started = broker.start(dist)
-        state = "was already running" if started.already_running else "started"
-        console.print(f"[green]Kafka {dist.version} {state}[/] at {started.bootstrap}")
-    elif not broker_answers(settings.bootstrap):
-        raise CacheRouteError(f"no broker answers at {settings.bootstrap}")
-
-    render_outcomes(ensure_topics(settings), console)
-
-    codec = codec_for(RequestEvent)
-    event = RequestEvent(
-        key=key,
-        event_time_ms=time.time_ns() // 1_000_000,
-        gateway_id="demo-gateway",
-        prompt_tokens=1834,
-        prefix_tokens=1536,
-        prefix_block_hashes=[0x1F2E3D4C, 0x5A6B7C8D, 0x0BADCAFE],
+            result = broker.start(dist)
+        if not result.already_running:
+            started = broker
+        console.print(f"[green]Kafka {dist.version} running[/] at {result.bootstrap}")
+    options = DemoOptions(
+        duration_s=duration_s,
+        interval_s=interval_s,
+        gateways=gateways,
+        destinations=destinations,
+        rate=rate,
+        keys=keys,
+        q_cap=q_cap,
+        warm_slots=warm_slots,
+        cache_blocks=cache_blocks,
+        max_plan_age_s=max_plan_age_s,
+        live=not headless,
+        keep_topics=keep_topics,
     )
-    topic = settings.topics["requests"]
-    producer = Producer(producer_config(settings))
-    sent = produce_sync(producer, topic, codec.encode(event), key=key.encode())
-    back = read_partition(settings, topic, sent.partition, start=sent.offset)
-    if not back or back[0].offset != sent.offset or back[0].value is None:
-        raise CacheRouteError(f"could not read back {sent.where}")
-    decoded = codec.decode(back[0].value, topic=topic, partition=sent.partition, offset=sent.offset)
-    ok = decoded == event
-    console.print(
-        Panel(
-            f"sent     {codec.to_json(event).decode()}\n"
-            f"at       {sent.where} ({len(back[0].value)} bytes, Avro single-object encoding)\n"
-            f"read     {codec.to_json(decoded).decode()}\n"
-            f"result   {'[green]round trip OK[/]' if ok else '[red]MISMATCH[/]'}",
-            title="RequestEvent round trip",
-            title_align="left",
+    try:
+        summary = run_demo(settings, options, console)
+    finally:
+        if started is not None:
+            with console.status("Stopping the broker this demo started ..."):
+                started.stop()
+            console.print("stopped the broker this demo started")
+    if as_json:
+        click.echo(write_json(summary))
+    if summary["failed"]:
+        raise CacheRouteError(
+            f"{summary['failed']} exited early; logs in "
+            f"{settings.home / 'demo' / summary['run_id']}"
         )
-    )
-    if not ok:
-        raise CacheRouteError("the event read back differs from the one sent")
-    if not no_broker:
-        console.print("The broker keeps running; stop it with `cacheroute kafka stop`.")
+    if not as_json:
+        console.print(
+            f"done: {summary['plan_versions']} plan versions, {summary['events']} events, "
+            f"{summary['dead_letters']} dead letters, admitted keys {summary['admitted_keys']}"
+        )

@@ -56,7 +56,7 @@ def _config_help() -> str:
     "--max-plan-age",
     "max_plan_age_s",
     type=float,
-    help="Republish the live routing when older than this (s); 0: never [10 intervals].",
+    help="Republish the live routing when older than this (s); 0: never [2 intervals].",
 )
 @click.option("--planner-id", help="This instance's name in plan headers [host:pid].")
 @click.option("--group", help="Planner group and transactional id base [cacheroute-planner].")

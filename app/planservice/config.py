@@ -47,7 +47,9 @@ class PlannerServiceConfig:
     """Publish advisor: seconds a moved key is assumed to run cold at its new home."""
     max_plan_age_s: float | None = None
     """Republish the live plan's routing under a new version when it is older than this, so
-    followers can tell a quiet planner from a dead one by the plan's age. None: 10 intervals;
+    followers can tell a quiet planner from a dead one by the plan's age. None: 2 intervals (must
+    stay below the dispatcher's staleness limit, 3 intervals, or gateways fall back to P2C while
+    the planner merely keeps its plan);
     0: never."""
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
     rates_lookback_s: float | None = None
@@ -72,7 +74,7 @@ class PlannerServiceConfig:
     @property
     def plan_max_age_s(self) -> float:
         """`max_plan_age_s` with its default applied (0: no refresh)."""
-        return 10 * self.interval_s if self.max_plan_age_s is None else self.max_plan_age_s
+        return 2 * self.interval_s if self.max_plan_age_s is None else self.max_plan_age_s
 
     @property
     def lookback_s(self) -> float:
@@ -101,7 +103,7 @@ CONFIG_KEYS: dict[str, str] = {
     "max_wait_s": "a window folds this long after its first record regardless (default 30)",
     "forget_after_windows": "forget a key absent this many windows in a row (default 10)",
     "rewarm_s": f"advisor: seconds a moved key runs cold (default {DEFAULT_REWARM_S:g})",
-    "max_plan_age_s": "republish the live routing when older than this; 0: never (default 10 x interval)",
+    "max_plan_age_s": "republish the live routing when older than this; 0: never (default 2 x interval)",
     "max_chunk_bytes": f"upper bound of one chunk record (default {DEFAULT_MAX_CHUNK_BYTES})",
     "rates_lookback_s": "how far back a starting planner reads rates (default 3 x interval)",
     "group": "planner consumer group / transactional id base (default cacheroute-planner)",

@@ -46,7 +46,7 @@ max_plan_age_s = 0
 def test_defaults_and_counted_destinations() -> None:
     config = load_service_config(None, {"destinations": 3, "q_cap": 1.0, "warm_slots": 2})
     assert [d.name for d in config.destinations] == ["d0", "d1", "d2"]
-    assert config.plan_max_age_s == 600.0
+    assert config.plan_max_age_s == 120.0  # 2 intervals: below the dispatcher staleness limit
     assert config.metrics_port is None
 
 

@@ -1,0 +1,1 @@
+"""The live demo: synthetic gateways -> streams agent -> planner -> dispatchers, with a live view."""

@@ -1,0 +1,492 @@
+"""The live demo's conductor: topics, streams worker, planner, gateways, live view, clean-up.
+
+Everything it starts it stops again by pid (SIGTERM, then SIGKILL), in `finally`: the gateways
+first (they flush their emitters), then the planner and the streams worker; its run topics are
+deleted at the end unless asked to keep them. The broker is started (and stopped) by the CLI
+command, never here.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from cacheroute.demo.procs import Child, free_port, scrape, start_child
+from cacheroute.kafkaio import consumer_config
+from cacheroute.planservice.follower import FollowerConfig, PlanFollower
+from cacheroute.planservice.reader import LivePlan
+from cacheroute.settings import Settings
+from cacheroute.topics import ensure_topics, make_admin
+
+__all__ = ["DemoOptions", "run_demo"]
+
+STREAMS_METRICS = (
+    "cacheroute_streams_events_accepted_total",
+    "cacheroute_streams_events_late_total",
+    "cacheroute_streams_rates_emitted_total",
+)
+PLANNER_METRICS = (
+    "cacheroute_planner_version",
+    "cacheroute_planner_admitted_keys",
+    "cacheroute_planner_slots_used",
+    "cacheroute_planner_moved_rate_fraction",
+    "cacheroute_planner_imbalance",
+    "cacheroute_planner_tracked_keys",
+)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Knobs of one demo run."""
+
+    duration_s: float = 60.0
+    interval_s: float = 5.0
+    gateways: int = 2
+    destinations: int = 8
+    rate: float = 2000.0
+    keys: int = 2000
+    q_cap: float = 4.0
+    warm_slots: int = 64
+    cache_blocks: int = 2048
+    grace_ms: int = 1000
+    max_plan_age_s: float | None = None
+    """Planner's --max-plan-age (None: the planner's default, 10 intervals)."""
+    live: bool = True
+    keep_topics: bool = False
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+
+
+@dataclass
+class _State:
+    """What the conductor has seen so far (written by reader threads, read by the view)."""
+
+    gateways: dict[str, dict[str, Any]] = field(default_factory=dict)
+    plan: LivePlan | None = None
+    plan_versions: list[int] = field(default_factory=list)
+    moved: list[tuple[int, float | None]] = field(default_factory=list)
+    streams: dict[str, float] = field(default_factory=dict)
+    planner: dict[str, float] = field(default_factory=dict)
+    events_per_s: float = 0.0
+    dead_letters: int = 0
+    failed: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict[str, Any]:
+    """Run the pipeline for `options.duration_s` seconds (or until Ctrl-C); return the summary."""
+    prefix = f"{settings.topic_prefix}demo-{options.run_id}."
+    run_settings = settings.with_overrides(topic_prefix=prefix)
+    run_dir = settings.home / "demo" / options.run_id
+    console.print(f"demo run {options.run_id}: topics {prefix}*, logs in {run_dir}")
+    ensure_topics(run_settings)
+    state = _State()
+    children: list[Child] = []
+    follower: PlanFollower | None = None
+    interrupted = False
+    started = time.monotonic()
+    try:
+        streams_port, planner_port = free_port(), free_port()
+        base = ["-m", "cacheroute", "--bootstrap", settings.bootstrap, "--topic-prefix", prefix]
+        children.append(
+            start_child(
+                "streams",
+                [
+                    *base,
+                    "streams",
+                    "run",
+                    "--window-ms",
+                    str(int(options.interval_s * 1000)),
+                    "--grace-ms",
+                    str(options.grace_ms),
+                    "--buckets",
+                    "8",
+                    "--app-id",
+                    f"demo-{options.run_id}-streams",
+                    "--flush-interval",
+                    "0.5",
+                    "--metrics-port",
+                    str(streams_port),
+                    "--loglevel",
+                    "warn",
+                ],
+                run_dir / "streams.log",
+            )
+        )
+        children.append(
+            start_child(
+                "planner",
+                [
+                    *base,
+                    "planner",
+                    "run",
+                    "--destinations",
+                    str(options.destinations),
+                    "--q-cap",
+                    str(options.q_cap),
+                    "--warm-slots",
+                    str(options.warm_slots),
+                    "--interval",
+                    str(options.interval_s),
+                    "--group",
+                    f"demo-{options.run_id}-planner",
+                    "--planner-id",
+                    f"demo-{options.run_id}",
+                    "--metrics-port",
+                    str(planner_port),
+                    *(
+                        []
+                        if options.max_plan_age_s is None
+                        else ["--max-plan-age", str(options.max_plan_age_s)]
+                    ),
+                ],
+                run_dir / "planner.log",
+            )
+        )
+        for g in range(options.gateways):
+            gw = f"gw-{g}"
+            children.append(
+                start_child(
+                    gw,
+                    [
+                        "-m",
+                        "cacheroute.demo.gateway",
+                        "--bootstrap",
+                        settings.bootstrap,
+                        "--topic-prefix",
+                        prefix,
+                        "--gateway-id",
+                        gw,
+                        "--index",
+                        str(g),
+                        "--gateways",
+                        str(options.gateways),
+                        "--destinations",
+                        str(options.destinations),
+                        "--rate",
+                        str(options.rate),
+                        "--keys",
+                        str(options.keys),
+                        "--cache-blocks",
+                        str(options.cache_blocks),
+                        "--interval",
+                        str(options.interval_s),
+                        "--duration",
+                        str(options.duration_s + 60),
+                    ],
+                    run_dir / f"{gw}.log",
+                    on_line=_gateway_reader(state),
+                )
+            )
+        console.print(
+            "started "
+            + ", ".join(f"{c.name} (pid {c.pid})" for c in children)
+            + f"; running {options.duration_s:g} s (Ctrl-C stops early)"
+        )
+
+        def on_plan(live: LivePlan) -> None:
+            with state.lock:
+                state.plan = live
+                state.plan_versions.append(live.version)
+
+        follower = PlanFollower(
+            run_settings,
+            FollowerConfig(build_index=False, client_id=f"demo-{options.run_id}-view"),
+            on_plan=on_plan,
+        ).start()
+        dlq = Consumer(consumer_config(run_settings, group_id=f"demo-{options.run_id}-dlq"))
+        try:
+            interrupted = _watch(
+                state, options, children, streams_port, planner_port, dlq, run_settings, console
+            )
+        finally:
+            dlq.close()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        shield = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
+        console.print("stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in children))
+        gateways = [c for c in children if c.name.startswith("gw-")]
+        for c in gateways:  # all at once: each flushes its emitter on SIGTERM
+            if c.alive():
+                c.proc.terminate()
+        for c in [*gateways, *(c for c in children if c not in gateways)]:
+            c.stop()
+        if follower is not None:
+            follower.close()
+        if not options.keep_topics:
+            _delete_topics(run_settings, options.run_id, console)
+        if shield:
+            signal.signal(signal.SIGINT, previous)
+    return _summary(state, options, prefix, time.monotonic() - started, interrupted, children)
+
+
+def _gateway_reader(state: _State) -> Callable[[bytes], None]:
+    def on_line(line: bytes) -> None:
+        try:
+            stats = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(stats, dict) and "gateway" in stats:
+            with state.lock:
+                state.gateways[str(stats["gateway"])] = stats
+
+    return on_line
+
+
+def _watch(  # noqa: PLR0912, PLR0917 - the conductor's loop takes the run's parts
+    state: _State,
+    options: DemoOptions,
+    children: list[Child],
+    streams_port: int,
+    planner_port: int,
+    dlq: Consumer,
+    settings: Settings,
+    console: Console,
+) -> bool:
+    """Poll metrics once a second and draw the view until the duration is over; True on Ctrl-C."""
+    deadline = time.monotonic() + options.duration_s
+    dlq_topic = settings.topics["dead_letter"]
+    dlq_parts = [TopicPartition(dlq_topic, p) for p in range(settings.dead_letter_partitions)]
+    last_events, last_t = 0.0, time.monotonic()
+    last_progress = 0.0
+    live = Live(console=console, refresh_per_second=2, transient=False) if options.live else None
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            for c in children:
+                if not c.alive():
+                    console.print(f"[red]{c.name} exited ({c.proc.returncode})[/]:\n{c.tail()}")
+                    state.failed = c.name
+                    return False
+            streams = scrape(streams_port, STREAMS_METRICS)
+            planner = scrape(planner_port, PLANNER_METRICS)
+            dead = 0
+            for tp in dlq_parts:
+                try:
+                    low, high = dlq.get_watermark_offsets(tp, timeout=1.0)
+                    dead += max(0, high - low)
+                except Exception:
+                    dead = state.dead_letters
+                    break
+            events = streams.get("cacheroute_streams_events_accepted_total", 0.0)
+            with state.lock:
+                state.streams.update(streams)
+                old_version = state.planner.get("cacheroute_planner_version")
+                state.planner.update(planner)
+                version = planner.get("cacheroute_planner_version")
+                if version and version != old_version:
+                    state.moved.append(
+                        (int(version), planner.get("cacheroute_planner_moved_rate_fraction"))
+                    )
+                state.events_per_s = (events - last_events) / max(now - last_t, 1e-9)
+                state.dead_letters = dead
+            last_events, last_t = events, now
+            if live is not None:
+                live.update(_view(state, options, deadline - now))
+            elif now - last_progress >= 5.0:
+                last_progress = now
+                console.print(_progress_line(state, deadline - now))
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return True
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _progress_line(state: _State, left: float) -> str:
+    with state.lock:
+        gws = ", ".join(
+            f"{g}: v{s.get('plan_version')} routed {s.get('routed')} by plan "
+            f"{s.get('routed_by_plan')}"
+            for g, s in sorted(state.gateways.items())
+        )
+        return (
+            f"[{left:5.0f}s left] plan versions {len(state.plan_versions)}, "
+            f"events/s {state.events_per_s:.0f}, dead letters {state.dead_letters}; {gws}"
+        )
+
+
+def _fmt(x: float | None, spec: str = ".1f", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _view(state: _State, options: DemoOptions, left: float) -> Group:
+    with state.lock:
+        live = state.plan
+        gws = dict(state.gateways)
+        planner = dict(state.planner)
+        moved = list(state.moved[-6:])
+        eps, dead = state.events_per_s, state.dead_letters
+    head = Text()
+    if live is None:
+        head.append("plan: none yet (the first window must close first)\n", style="yellow")
+    else:
+        plan = live.plan
+        age = time.time() - plan.created_ms / 1000.0
+        head.append(f"plan v{plan.version}", style="bold green")
+        head.append(
+            f"  age {age:.1f} s  admitted keys {plan.n_admitted}  "
+            f"Σk {plan.slots_used} / {options.destinations * options.warm_slots}  "
+            f"rate {plan.total_rate:.0f} req/s (cold {plan.cold_rate:.0f})  "
+            f"imbalance {_fmt(planner.get('cacheroute_planner_imbalance'), '.3f')}\n"
+        )
+    head.append(
+        "moved rate at each new plan: "
+        + (
+            ", ".join(f"v{v}: {_fmt(None if m is None else 100 * m, '.1f')}%" for v, m in moved)
+            or "-"
+        )
+        + "\n"
+    )
+    head.append(f"events/s (streams) {eps:.0f}   dead letters {dead}   {left:.0f} s left")
+
+    dest = Table(title="destinations", title_justify="left")
+    dest.add_column("dest")
+    dest.add_column("expected req/s (plan)", justify="right")
+    dest.add_column("observed req/s (gateways)", justify="right")
+    for i in range(options.destinations):
+        expected = None
+        if live is not None and i < len(live.plan.loads):
+            expected = float(live.plan.loads[i])
+        observed = sum(float(s.get("load", [0.0] * (i + 1))[i]) for s in gws.values())
+        dest.add_row(f"d{i}", _fmt(expected), f"{observed:.1f}")
+
+    gwt = Table(
+        title="gateways (served prefix-cache hit rate, token-weighted)", title_justify="left"
+    )
+    for col in (
+        "gateway",
+        "plan",
+        "age s",
+        "routed",
+        "by plan",
+        "stale",
+        "hit rate",
+        "last 1 s",
+        "plan-routed",
+        "other",
+    ):
+        gwt.add_column(col, justify="right")
+    for g, s in sorted(gws.items()):
+        routed = int(s.get("routed", 0))
+        by_plan = int(s.get("routed_by_plan", 0))
+        gwt.add_row(
+            g,
+            str(s.get("plan_version") or "-"),
+            _fmt(s.get("plan_age_s")),
+            str(routed),
+            f"{by_plan} ({100 * by_plan / routed:.0f}%)" if routed else "0",
+            str(s.get("route_kinds", {}).get("stale", 0)),
+            _pct(s.get("hit_rate")),
+            _pct(s.get("hit_rate_recent")),
+            _pct(s.get("hit_rate_plan")),
+            _pct(s.get("hit_rate_other")),
+        )
+    return Group(head, dest, gwt)
+
+
+def _delete_topics(settings: Settings, run_id: str, console: Console) -> None:
+    """Delete the run's topics (its prefix, and Faust's internal `demo-<id>-streams-*` topics) and
+    its consumer groups."""
+    admin = make_admin(settings.bootstrap)
+    internal = f"demo-{run_id}-streams-"
+    try:
+        existing = set(admin.list_topics(timeout=10).topics)
+        names = sorted(t for t in existing if t.startswith((settings.topic_prefix, internal)))
+        for name, fut in admin.delete_topics(names, operation_timeout=15).items() if names else ():
+            try:
+                fut.result(timeout=20)
+            except Exception as exc:  # report and go on with the others
+                console.print(f"[yellow]could not delete topic {name}: {exc}[/]")
+        groups = [
+            g.group_id
+            for g in admin.list_consumer_groups(request_timeout=10).result(timeout=15).valid
+            if f"demo-{run_id}" in g.group_id
+        ]
+        if groups:
+            for fut in admin.delete_consumer_groups(groups, request_timeout=10).values():
+                try:
+                    fut.result(timeout=15)
+                except Exception as exc:  # a group may still be settling: not worth failing
+                    console.print(f"[yellow]could not delete a consumer group: {exc}[/]")
+    except Exception as exc:
+        console.print(f"[yellow]could not delete the run topics: {exc}[/]")
+    else:
+        console.print(f"deleted {len(names)} topics and {len(groups)} consumer groups of this run")
+
+
+def _summary(  # noqa: PLR0917
+    state: _State,
+    options: DemoOptions,
+    prefix: str,
+    seconds: float,
+    interrupted: bool,
+    children: list[Child],
+) -> dict[str, Any]:
+    with state.lock:
+        plan = None if state.plan is None else state.plan.plan
+        gateways = [
+            {
+                "gateway": g,
+                "plan_version": s.get("plan_version"),
+                "routed": s.get("routed", 0),
+                "routed_by_plan": s.get("routed_by_plan", 0),
+                "route_kinds": s.get("route_kinds", {}),
+                "hit_rate": s.get("hit_rate"),
+                "hit_rate_plan": s.get("hit_rate_plan"),
+                "hit_rate_other": s.get("hit_rate_other"),
+                "emitted": s.get("emitted", 0),
+                "events_sent": s.get("events_sent", 0),
+                "load_total": s.get("load_total", []),
+                "final": bool(s.get("final", False)),
+            }
+            for g, s in sorted(state.gateways.items())
+        ]
+        return {
+            "run_id": options.run_id,
+            "topic_prefix": prefix,
+            "seconds": round(seconds, 1),
+            "interrupted": interrupted,
+            "failed": state.failed,
+            "plan_versions": len(set(state.plan_versions)),
+            "plan_version": None if plan is None else plan.version,
+            "admitted_keys": None if plan is None else plan.n_admitted,
+            "slots_used": None if plan is None else plan.slots_used,
+            "expected_load": None if plan is None else [round(float(x), 2) for x in plan.loads],
+            "moved_rate": [{"version": v, "fraction": m} for v, m in state.moved],
+            "events": int(state.streams.get("cacheroute_streams_events_accepted_total", 0)),
+            "events_late": int(state.streams.get("cacheroute_streams_events_late_total", 0)),
+            "rates_emitted": int(state.streams.get("cacheroute_streams_rates_emitted_total", 0)),
+            "dead_letters": state.dead_letters,
+            "gateways": gateways,
+            "processes": [
+                {"name": c.name, "pid": c.pid, "returncode": c.proc.returncode} for c in children
+            ],
+        }
+
+
+def write_json(summary: dict[str, Any]) -> str:
+    """The summary as one JSON line."""
+    return orjson.dumps(summary).decode()
