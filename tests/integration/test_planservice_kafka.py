@@ -122,7 +122,11 @@ def test_rates_in_plan_out_end_to_end(
         assert live.header.planner_id == "A"
         assert plan.stats.keys == 301
         assert plan.n_admitted > 20
-        assert live.destinations_of("whale") == ("d0", "d1", "d2", "d3")
+        whale = live.destinations_of("whale")
+        assert whale is not None
+        # k capped at all 4 destinations; their order is LPT's (a re-plan from an earlier version
+        # places the whale by the loads of the keys it keeps)
+        assert sorted(whale) == ["d0", "d1", "d2", "d3"]
         for key, used in zip(plan.keys, plan.rates.tolist(), strict=True):
             r1, r2, r3 = (w.get(key) for w in windows)
             # EWMA, alpha 0.5: a key starts at its first observed rate
