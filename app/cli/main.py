@@ -13,6 +13,7 @@ from rich.logging import RichHandler
 from cacheroute import __version__
 from cacheroute.cli.bench import bench
 from cacheroute.cli.demo import demo
+from cacheroute.cli.doctor import doctor
 from cacheroute.cli.evaluate import evaluate_cmd
 from cacheroute.cli.kafka import kafka
 from cacheroute.cli.plan import plan
@@ -79,6 +80,7 @@ cli.add_command(streams)
 cli.add_command(evaluate_cmd)
 cli.add_command(workload)
 cli.add_command(replay)
+cli.add_command(doctor)
 
 
 def main() -> None:
