@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.logging import RichHandler
 
 from cacheroute import __version__
 from cacheroute.cli.bench import bench
@@ -23,6 +22,7 @@ from cacheroute.cli.streams import streams
 from cacheroute.cli.topics import topics
 from cacheroute.cli.workload import workload
 from cacheroute.errors import CacheRouteError
+from cacheroute.logs import setup_logging
 from cacheroute.planner.errors import PlannerError
 from cacheroute.schemas import SchemaError
 from cacheroute.settings import Settings
@@ -49,6 +49,12 @@ __all__ = ["cli", "main"]
     "default ~/.cache/cacheroute].",
 )
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="text for people, json lines for log shippers [env CACHEROUTE_LOG_FORMAT; default text].",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -56,17 +62,14 @@ def cli(
     topic_prefix: str | None,
     home: Path | None,
     verbose: int,
+    log_format: str | None,
 ) -> None:
     """CacheRoute: planned prefix-affinity routing for multi-replica LLM serving.
 
     Settings come from CACHEROUTE_* environment variables; the flags here override them.
     """
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(
-        level=level,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
-    )
+    setup_logging(level, log_format)
     ctx.obj = Settings.from_env(bootstrap=bootstrap, topic_prefix=topic_prefix, home=home)
 
 

@@ -69,6 +69,7 @@ def run(
     import faust  # noqa: PLC0415 - heavy import, only for this command
     from prometheus_client import start_http_server  # noqa: PLC0415
 
+    from cacheroute.logs import faust_logging_config  # noqa: PLC0415
     from cacheroute.streams.app import StreamsOptions, create_app  # noqa: PLC0415
     from cacheroute.streams.config import StreamConfig  # noqa: PLC0415
 
@@ -82,5 +83,11 @@ def run(
     if metrics_port is not None:
         start_http_server(metrics_port, addr="127.0.0.1", registry=runtime.metrics.registry)
         logging.getLogger(__name__).warning("metrics on http://127.0.0.1:%d/metrics", metrics_port)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker = faust.Worker(
+        app,
+        loglevel=loglevel,
+        quiet=True,
+        redirect_stdouts=False,
+        logging_config=faust_logging_config(loglevel),
+    )
     worker.execute_from_commandline()

@@ -14,6 +14,7 @@ Stops on SIGTERM/SIGINT, when `--duration` is over, or when its parent process g
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -27,6 +28,7 @@ import orjson
 from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
 from cacheroute.dispatcher.emitter import Emitter
 from cacheroute.dispatcher.routing import RouteKind
+from cacheroute.logs import setup_logging
 from cacheroute.replay.cache import cache_lookup_insert, new_cache
 from cacheroute.replay.workloads import generate, spec_for
 from cacheroute.settings import Settings
@@ -58,6 +60,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 - one flat replay loop
     """Run one gateway until stopped; returns the exit code."""
     args = _parse(argv)
+    setup_logging(logging.WARNING)  # text or JSON, as the parent chose (CACHEROUTE_LOG_FORMAT)
     settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
     stop = threading.Event()
 
