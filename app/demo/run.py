@@ -84,6 +84,13 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict[str, Any]:
     """Run the pipeline for `options.duration_s` seconds (or until Ctrl-C); return the summary."""
     prefix = f"{settings.topic_prefix}demo-{options.run_id}."
@@ -96,6 +103,10 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     follower: PlanFollower | None = None
     interrupted = False
     started = time.monotonic()
+    # SIGTERM (kill, a supervisor) and SIGHUP (terminal closed) stop the demo like Ctrl-C, so the
+    # children it started never outlive it
+    on_main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS} if on_main else {}
     try:
         streams_port, planner_port = free_port(), free_port()
         base = ["-m", "cacheroute", "--bootstrap", settings.bootstrap, "--topic-prefix", prefix]
@@ -215,22 +226,46 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        shield = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
-        console.print("stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in children))
-        gateways = [c for c in children if c.name.startswith("gw-")]
-        for c in gateways:  # all at once: each flushes its emitter on SIGTERM
-            if c.alive():
-                c.proc.terminate()
-        for c in [*gateways, *(c for c in children if c not in gateways)]:
-            c.stop()
-        if follower is not None:
-            follower.close()
-        if not options.keep_topics:
-            _delete_topics(run_settings, options.run_id, console)
-        if shield:
-            signal.signal(signal.SIGINT, previous)
+        _shutdown(
+            children,
+            follower,
+            options=options,
+            run_settings=run_settings,
+            console=console,
+            saved=saved,
+        )
     return _summary(state, options, prefix, time.monotonic() - started, interrupted, children)
+
+
+def _shutdown(
+    children: list[Child],
+    follower: PlanFollower | None,
+    *,
+    options: DemoOptions,
+    run_settings: Settings,
+    console: Console,
+    saved: dict[signal.Signals, Any],
+) -> None:
+    """Stop every child by pid, close the view's follower, delete the run topics."""
+    shield = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
+    for sig in saved:  # cleanup must not be cut short by a second signal
+        signal.signal(sig, signal.SIG_IGN)
+    console.print("stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in children))
+    gateways = [c for c in children if c.name.startswith("gw-")]
+    for c in gateways:  # all at once: each flushes its emitter on SIGTERM
+        if c.alive():
+            c.proc.terminate()
+    for c in [*gateways, *(c for c in children if c not in gateways)]:
+        c.stop()
+    if follower is not None:
+        follower.close()
+    if not options.keep_topics:
+        _delete_topics(run_settings, options.run_id, console)
+    if shield:
+        signal.signal(signal.SIGINT, previous)
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def _gateway_reader(state: _State) -> Callable[[bytes], None]:
