@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from cacheroute.dispatcher.emitter_bench import bench_emitter
 from cacheroute.dispatcher.emitter_config import EmitterConfig
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config, producer_config
+from cacheroute.loopback import free_port, scrape_metrics
 from cacheroute.progress import progress_bar
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for
 from cacheroute.settings import Settings
@@ -44,27 +43,6 @@ __all__ = ["bench_streams"]
 
 WINDOW_MS = 60_000
 GRACE_MS = 5_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _metrics(port: int) -> dict[str, float]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("cacheroute_") and " " in line:
-            name, _, value = line.rpartition(" ")
-            base = name.split("{")[0]
-            out[base] = out.get(base, 0.0) + float(value)
-    return out
 
 
 def _preload(
@@ -141,7 +119,7 @@ def _raw_read(settings: Settings, expected_events: int, progress: Progress) -> t
 def _run_agent(
     settings: Settings, expected_rates: int, home: Path, progress: Progress
 ) -> tuple[float, dict[str, float], str]:
-    port = _free_port()
+    port = free_port()
     log = home / "worker.log"
     argv = [
         sys.executable,
@@ -180,7 +158,7 @@ def _run_agent(
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise CacheRouteError(f"the streams worker exited; see {log}")
-            metrics = _metrics(port)
+            metrics = scrape_metrics(port)
             now = time.perf_counter()
             if first is None and metrics.get("cacheroute_streams_batches_total", 0) > 0:
                 first = now

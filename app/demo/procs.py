@@ -4,44 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Child", "free_port", "scrape", "start_child"]
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int, names: tuple[str, ...]) -> dict[str, float]:
-    """Sums of the named Prometheus metrics at 127.0.0.1:port (missing ones: absent)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0]
-        if name in names:
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                continue
-    return out
+__all__ = ["Child", "start_child"]
 
 
 @dataclass

@@ -23,8 +23,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cacheroute.demo.procs import Child, free_port, scrape, start_child
+from cacheroute.demo.procs import Child, start_child
 from cacheroute.kafkaio import consumer_config
+from cacheroute.loopback import free_port, scrape_metrics
 from cacheroute.planservice.follower import FollowerConfig, PlanFollower
 from cacheroute.planservice.reader import LivePlan
 from cacheroute.settings import Settings
@@ -310,8 +311,8 @@ def _watch(  # noqa: PLR0912, PLR0917 - the conductor's loop takes the run's par
                     console.print(f"[red]{c.name} exited ({c.proc.returncode})[/]:\n{c.tail()}")
                     state.failed = c.name
                     return False
-            streams = scrape(streams_port, STREAMS_METRICS)
-            planner = scrape(planner_port, PLANNER_METRICS)
+            streams = scrape_metrics(streams_port, STREAMS_METRICS, timeout=1.0)
+            planner = scrape_metrics(planner_port, PLANNER_METRICS, timeout=1.0)
             dead = 0
             for tp in dlq_parts:
                 try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import numpy as np
 from confluent_kafka import Producer
 
 from cacheroute.kafkaio import KafkaRecord, producer_config
+from cacheroute.loopback import free_port
 from cacheroute.planner import Plan, PlannerParams, build_plan
 from cacheroute.planner.protocol import parse_key
 from cacheroute.planservice.publisher import PlanPublisher
@@ -32,12 +32,6 @@ from cacheroute.schemas import KeyRate, PlanHeader, codec_for
 from cacheroute.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_plan(

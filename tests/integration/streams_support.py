@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,16 +18,11 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from cacheroute.dispatcher.partitioner import partition_for
 from cacheroute.kafkaio import consumer_config, producer_config
+from cacheroute.loopback import free_port, scrape_metrics
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for
 from cacheroute.settings import Settings
 
 T0 = 1_700_000_040_000  # aligned to 20 s windows
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -42,20 +35,7 @@ class WorkerProcess:
 
     def metric(self, name: str) -> float:
         """Sum of a Prometheus metric's samples (0 when absent or the worker is down)."""
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
-            ) as resp:
-                text = resp.read().decode()
-        except OSError:
-            return 0.0
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                head, _, value = line.rpartition(" ")
-                if head == name or head.startswith(name + "{"):
-                    total += float(value)
-        return total
+        return scrape_metrics(self.metrics_port, (name,)).get(name, 0.0)
 
     def wait_metric(self, name: str, at_least: float, timeout: float = 60) -> float:
         deadline = time.monotonic() + timeout
