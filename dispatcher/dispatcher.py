@@ -22,7 +22,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cacheroute.dispatcher.routing import PlanLike, RouteKind, Router, RoutingTable, table_from_plan
+from cacheroute.dispatcher.routing import (
+    DEFAULT_SPILL_FACTOR,
+    DEFAULT_SPILL_MIN_INFLIGHT,
+    PlanLike,
+    RouteKind,
+    Router,
+    RoutingTable,
+    table_from_plan,
+)
 from cacheroute.settings import Settings
 
 __all__ = ["Dispatcher", "DispatcherConfig"]
@@ -42,6 +50,12 @@ class DispatcherConfig:
     """How often the background thread re-checks staleness and runs the health check."""
     build_yield_every: int = 500
     """Keys per slice while building a routing table; the builder yields the GIL between slices."""
+    spill_factor: float | None = DEFAULT_SPILL_FACTOR
+    """A planned destination holding this many times the mean in-flight count is overloaded: the
+    request goes by power-of-two-choices instead (counted as `spilled`). None: the paper's rule."""
+    spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
+    """...once it has at least this many requests in flight from this gateway. With G gateways in
+    front of engines that batch B sequences, about B / G is a good value."""
 
 
 class Dispatcher:
@@ -59,7 +73,12 @@ class Dispatcher:
     ) -> None:
         self.config = config or DispatcherConfig()
         # S311: load balancing, not cryptography
-        self.router = Router(list(destinations), rng=rng or random.Random())  # noqa: S311
+        self.router = Router(
+            list(destinations),
+            rng=rng or random.Random(),  # noqa: S311
+            spill_factor=self.config.spill_factor,
+            spill_min_inflight=self.config.spill_min_inflight,
+        )
         self.clock = clock
         self.health_check = health_check
         self.registry = registry or CollectorRegistry()

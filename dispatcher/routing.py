@@ -9,6 +9,12 @@ table, never a mix.
 The rules (the paper's dispatch step and its fallbacks):
 - admitted key -> the least-loaded live member of T(b) by this gateway's in-flight count (ties: the
   earlier member in T(b), i.e. the planner's selection order);
+- ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
+  least `spill_factor` x the mean in-flight count of the live destinations (counting this
+  request, CHWBL's bound) and at least `spill_min_inflight` (16) -> power-of-two-choices, counted
+  as `spilled`. A plan balances request
+  *rates* over a control interval; the work per request still varies (cache misses, prompt
+  lengths, bursts), and a planned key must not pile a queue onto one replica in the meantime;
 - any other key, an admitted key whose whole T(b) is down, no plan yet, or a plan older than the
   staleness limit -> power-of-two-choices over live destinations;
 - every destination down -> power-of-two-choices over all of them (a request is never refused).
@@ -20,6 +26,7 @@ metrics objects); counters are plain ints exported on scrape.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +37,16 @@ import numpy as np
 
 from cacheroute.dispatcher.errors import DispatchError
 
-__all__ = ["PlanLike", "RouteKind", "Router", "RoutingTable", "build_table", "table_from_plan"]
+__all__ = [
+    "DEFAULT_SPILL_FACTOR",
+    "DEFAULT_SPILL_MIN_INFLIGHT",
+    "PlanLike",
+    "RouteKind",
+    "Router",
+    "RoutingTable",
+    "build_table",
+    "table_from_plan",
+]
 
 
 class PlanLike(Protocol):
@@ -79,11 +95,17 @@ class RouteKind:
     STALE = 3
     NO_PLAN = 4
     ALL_DOWN = 5
-    NAMES = ("plan", "cold", "plan_down", "stale", "no_plan", "all_down")
+    SPILLED = 6
+    NAMES = ("plan", "cold", "plan_down", "stale", "no_plan", "all_down", "spilled")
 
 
 SHARDS = 64
 SHARD_MASK = SHARDS - 1
+DEFAULT_SPILL_FACTOR = 2.0
+"""A planned destination with twice the mean in-flight requests takes no more planned ones."""
+DEFAULT_SPILL_MIN_INFLIGHT = 16
+"""...as long as it has at least this many in flight from this gateway: a serving engine runs
+dozens of sequences in one batch, so a handful in flight is no queue, only noise."""
 
 
 @dataclass(frozen=True)
@@ -175,10 +197,20 @@ class Router:
     table: RoutingTable | None = None
     stale: bool = False
     """Set by the owner (from plan age vs the staleness limit); True routes everything by P2C."""
+    spill_factor: float | None = DEFAULT_SPILL_FACTOR
+    """Overload bound for planned routes, as a multiple of the mean in-flight count (None: off)."""
+    spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
+    """Below this many in-flight requests a destination is never overloaded (engines batch them)."""
 
     def __post_init__(self) -> None:
         if not self.destinations:
             raise DispatchError("a router needs at least one destination")
+        if self.spill_factor is not None and not (
+            math.isfinite(self.spill_factor) and self.spill_factor >= 1.0
+        ):
+            raise DispatchError(f"spill_factor must be >= 1 or None, got {self.spill_factor!r}")
+        if self.spill_min_inflight < 1:
+            raise DispatchError(f"spill_min_inflight must be >= 1, got {self.spill_min_inflight}")
         if len(set(self.destinations)) != len(self.destinations):
             raise DispatchError("destination names must be distinct")
         self.names: list[str] = list(self.destinations)
@@ -187,6 +219,7 @@ class Router:
         self.up: list[bool] = [True] * len(self.names)
         self.live: list[int] = list(range(len(self.names)))
         self.counts: list[int] = [0] * len(RouteKind.NAMES)
+        self.total_inflight = 0
         self._lock = threading.Lock()
 
     # --------------------------------------------------------------------------- decisions
@@ -197,6 +230,15 @@ class Router:
             one = table.shards[hash(key) & SHARD_MASK].get(key)
             if one is not None:
                 if self.up[one]:
+                    load = self.inflight[one]
+                    f = self.spill_factor
+                    if (
+                        load >= self.spill_min_inflight
+                        and f is not None
+                        and load * len(self.live) >= f * (self.total_inflight + 1)
+                    ):
+                        self.counts[6] += 1
+                        return self._p2c()
                     self.counts[0] += 1
                     return one
                 self.counts[2] += 1
@@ -212,6 +254,14 @@ class Router:
                         best = m
                         load = inflight[m]
                 if best >= 0:
+                    f = self.spill_factor
+                    if (
+                        load >= self.spill_min_inflight
+                        and f is not None
+                        and load * len(self.live) >= f * (self.total_inflight + 1)
+                    ):
+                        self.counts[6] += 1
+                        return self._p2c()
                     self.counts[0] += 1
                     return best
                 self.counts[2] += 1
@@ -251,12 +301,14 @@ class Router:
         """A request was sent to destination `index`."""
         with self._lock:
             self.inflight[index] += 1
+            self.total_inflight += 1
 
     def release(self, index: int) -> None:
         """A request to destination `index` finished (never goes below zero)."""
         with self._lock:
             if self.inflight[index] > 0:
                 self.inflight[index] -= 1
+                self.total_inflight -= 1
 
     # ---------------------------------------------------------------------------- liveness
     def mark_down(self, name: str) -> bool:

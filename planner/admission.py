@@ -3,7 +3,8 @@
 Deterministic tie-breaks, shared by every admission mode:
   * keys are walked by priority descending (the rate, or rate x prefix tokens / k_b in `bytes` mode),
     equal priorities by key ascending (Python string order);
-  * `k_b = max(1, ceil(rate_b / q_cap))`, capped at the number of destinations R;
+  * `k_b = max(1, ceil(rate_b / q_cap))`, capped at the number of destinations R (with
+    `fair_share` set, q_cap is the sizing cap `PlannerParams.sizing_cap` gives);
   * b is admitted if `used + k_b <= C`, otherwise skipped, and the walk goes on.
 
 Speed: the walk only ever needs the keys near the top. At most C keys can be admitted (k_b >= 1),
@@ -64,7 +65,7 @@ def warn_capped(capped: int, r: int) -> None:
 
 
 def admission_priority(
-    rates: FloatArray, tokens: FloatArray | None, params: PlannerParams, r: int
+    rates: FloatArray, tokens: FloatArray | None, params: PlannerParams, r: int, q_cap: float
 ) -> FloatArray:
     """What the admission walk sorts by: the rate, or (`bytes`) rate x prefix tokens per slot.
 
@@ -73,7 +74,7 @@ def admission_priority(
     """
     if params.admission == "rate" or tokens is None:
         return rates
-    k = replica_counts(rates, params.q_cap, r)
+    k = replica_counts(rates, q_cap, r)
     return rates * tokens / k
 
 

@@ -29,9 +29,10 @@ from cacheroute.planner.admission import (
 from cacheroute.planner.churn import replan
 from cacheroute.planner.inputs import PlanInputs, prepare_inputs
 from cacheroute.planner.kernels import Kernels, compiled
-from cacheroute.planner.loads import cold_tail, exact_sums
+from cacheroute.planner.loads import cold_tail, exact_sums, load_bound, sizing_cap
 from cacheroute.planner.params import PlannerParams
 from cacheroute.planner.plan import Destination, FloatArray, Plan, PlanStats
+from cacheroute.planner.siblings import place
 
 __all__ = ["build_plan"]
 
@@ -72,14 +73,15 @@ def _fresh(
 ) -> Plan:
     rates = inp.rates
     r = len(inp.destinations)
-    capped = count_capped(rates, params.q_cap, r)
+    q = sizing_cap(rates, params, r, kern)
+    capped = count_capped(rates, q, r)
     warn_capped(capped, r)
-    priority = admission_priority(rates, inp.tokens, params, r)
+    priority = admission_priority(rates, inp.tokens, params, r, q)
     admitted, _ = admit(
         priority,
         rates,
         inp.keys,
-        q_cap=params.q_cap,
+        q_cap=q,
         r=r,
         capacity=params.capacity_slots(r),
         kernels=kern,
@@ -90,20 +92,32 @@ def _fresh(
     total, cold = exact_sums(rates, mask, kern)
     loads = cold_tail(cold, inp)
     adm_rates = rates[placed]
-    k = replica_counts(adm_rates, params.q_cap, r)
+    k = replica_counts(adm_rates, q, r)
     offsets = np.zeros(placed.size + 1, dtype=np.int64)
     np.cumsum(k, out=offsets[1:])
     targets = np.empty(int(offsets[-1]), dtype=np.int64)
     kept = np.zeros(placed.size, dtype=np.int64)
     caps = np.zeros(0, dtype=np.float64) if inp.capacities is None else inp.capacities
-    kern.lpt(adm_rates / k, offsets, kept, targets, loads, caps)
+    keys = pick(inp.keys, placed)
+    place(
+        kern,
+        keys,
+        params.group_separator,
+        shares=adm_rates / k,
+        offsets=offsets,
+        kept=kept,
+        targets=targets,
+        loads=loads,
+        capacities=caps,
+        bound=load_bound(params, total, np.ones(r) if inp.capacities is None else caps),
+    )
     cutoff = float(priority[admitted[-1]]) if admitted.size else 0.0
     return Plan(
         version=version,
         created_ms=created_ms,
         params=params,
         destinations=inp.destinations,
-        keys=pick(inp.keys, placed),
+        keys=keys,
         rates=adm_rates,
         offsets=offsets,
         targets=targets,

@@ -14,7 +14,8 @@ under mild drift; every move costs a cold cache at the new home. Here, given the
    mean of the *new* rates) gives up replicas: the smallest single one that covers the excess if
    there is one (fewest moves, least moved rate), else the largest and repeat.
 4. Place. New keys, the missing replicas of grown keys and the shed or displaced replicas are placed
-   by LPT (rate descending, least-loaded destination first, equal loads lower index first).
+   by LPT (rate descending, least-loaded destination first, equal loads lower index first), or,
+   with `group_separator`, by LPT that prefers their siblings' destinations (siblings.py).
 5. Rebalance. If a destination is still above the bound, move replicas from the most loaded one to
    the destination with the most headroom, with the same fewest/lowest-rate rule; replicas already
    moved this round go first because moving them again costs nothing. Stops when max/mean is
@@ -45,17 +46,14 @@ from cacheroute.planner.admission import (
 from cacheroute.planner.diff import same_destination_sets
 from cacheroute.planner.inputs import PlanInputs
 from cacheroute.planner.kernels import Kernels
-from cacheroute.planner.loads import cold_tail, exact_sums
+from cacheroute.planner.loads import cold_tail, exact_sums, load_bound, sizing_cap
 from cacheroute.planner.params import PlannerParams
 from cacheroute.planner.plan import BoolArray, FloatArray, IntArray, Plan, PlanStats
+from cacheroute.planner.siblings import place
 
 __all__ = ["replan"]
 
 _logger = logging.getLogger(__name__)
-
-# The bound is enforced with a hair of slack so that rounding in the final max/mean (which sums
-# the loads in another order) can never report 1.05000000001 for a plan held at 1.05.
-_BOUND_SLACK = 1e-9
 
 
 @dataclass(slots=True)
@@ -86,15 +84,16 @@ def replan(
     """The next plan from `prev` and new rates (see the module docstring)."""
     keys, rates = inp.keys, inp.rates
     r = len(inp.destinations)
-    capped = count_capped(rates, params.q_cap, r)
+    q = sizing_cap(rates, params, r, kernels)
+    capped = count_capped(rates, q, r)
     warn_capped(capped, r)
     pidx = _previous_positions(prev, keys)
-    placed, cutoff = _admit_with_hysteresis(inp, params, pidx, kernels)
+    placed, cutoff = _admit_with_hysteresis(inp, params, pidx, kernels, q)
     mask = np.zeros(rates.shape[0], dtype=np.bool_)
     mask[placed] = True
     total, cold = exact_sums(rates, mask, kernels)
     adm_rates = rates[placed]
-    k = replica_counts(adm_rates, params.q_cap, r)
+    k = replica_counts(adm_rates, q, r)
     offsets = np.zeros(placed.size + 1, dtype=np.int64)
     np.cumsum(k, out=offsets[1:])
     caps = np.ones(r) if inp.capacities is None else inp.capacities
@@ -107,7 +106,7 @@ def replan(
         shares=adm_rates / k,
         loads=cold_tail(cold, inp),
         caps=caps,
-        bound=params.imbalance_tolerance * (1.0 - _BOUND_SLACK) * mean * caps,
+        bound=load_bound(params, total, caps),
     )
     prev_of = pidx[placed]
     name_to_new = {d.name: i for i, d in enumerate(inp.destinations)}
@@ -117,7 +116,19 @@ def replan(
     shed = _shed(w)  # 3. shed what is above the bound, before placing anything new
     w.free = np.arange(w.targets.size) - w.offsets[w.entry_key] >= w.kept[w.entry_key]
     lpt_caps = np.zeros(0) if inp.capacities is None else inp.capacities
-    kernels.lpt(w.shares, w.offsets, w.kept, w.targets, w.loads, lpt_caps)  # 4. place
+    new_keys_order = pick(keys, placed)
+    place(  # 4. place (LPT, with sibling co-location if configured)
+        kernels,
+        new_keys_order,
+        params.group_separator,
+        shares=w.shares,
+        offsets=w.offsets,
+        kept=w.kept,
+        targets=w.targets,
+        loads=w.loads,
+        capacities=lpt_caps,
+        bound=w.bound,
+    )
     moves, balanced = _rebalance(w)  # 5. rebalance
     if not balanced:
         _logger.info(
@@ -134,7 +145,7 @@ def replan(
         created_ms=created_ms,
         params=params,
         destinations=inp.destinations,
-        keys=pick(keys, placed),
+        keys=new_keys_order,
         rates=adm_rates,
         offsets=w.offsets,
         targets=w.targets,
@@ -163,11 +174,11 @@ def _previous_positions(prev: Plan, keys: Sequence[str]) -> IntArray:
 
 
 def _admit_with_hysteresis(
-    inp: PlanInputs, params: PlannerParams, pidx: IntArray, kernels: Kernels
+    inp: PlanInputs, params: PlannerParams, pidx: IntArray, kernels: Kernels, q_cap: float
 ) -> tuple[IntArray, float]:
     """Admitted keys in placement order (rate desc, key asc) and the admission cut-off."""
     r = len(inp.destinations)
-    base = admission_priority(inp.rates, inp.tokens, params, r)
+    base = admission_priority(inp.rates, inp.tokens, params, r, q_cap)
     priority = base.copy()
     if params.hysteresis > 0:
         incumbent = pidx >= 0
@@ -176,7 +187,7 @@ def _admit_with_hysteresis(
         priority,
         inp.rates,
         inp.keys,
-        q_cap=params.q_cap,
+        q_cap=q_cap,
         r=r,
         capacity=params.capacity_slots(r),
         kernels=kernels,

@@ -1,4 +1,4 @@
-"""The three loops of the fast planner, compiled with numba.
+"""The loops of the fast planner, compiled with numba.
 
 Why numba: LPT placement is inherently sequential (each key's choice depends on the loads every
 earlier key left behind) and the fast plan must equal the reference plan *bit for bit*, ties
@@ -264,6 +264,64 @@ def _lpt(  # noqa: PLR0912, PLR0915, PLR0917 - one compiled loop, arrays passed 
             hd[pos] = d
 
 
+def _place_grouped(  # noqa: PLR0917 - one compiled loop, arrays positional
+    shares: FloatArray,
+    offsets: IntArray,
+    kept: IntArray,
+    targets: IntArray,
+    loads: FloatArray,
+    capacities: FloatArray,
+    groups: IntArray,
+    hosts: BoolArray,
+    bound: FloatArray,
+) -> None:
+    """LPT with sibling co-location (`PlannerParams.group_separator`).
+
+    Same contract as `_lpt`, plus: key i belongs to sibling group `groups[i]` (-1: none), and
+    `hosts[g, d]` says whether a key of group g already sits on destination d. Each replica a key
+    needs goes to the least-loaded destination of its group that it does not have yet and that
+    stays within `bound[d]` after taking the share; if there is none, to the least-loaded
+    destination it does not have (exactly LPT's pick). A linear scan over R instead of `_lpt`'s
+    heap, because the group's subset changes per key; equal loads go to the lower index, as in
+    `_lpt`, so with every group -1 the result equals `_lpt` bit for bit.
+    """
+    r = loads.shape[0]
+    hetero = capacities.shape[0] > 0
+    for i in range(shares.shape[0]):
+        start = offsets[i]
+        have = kept[i]
+        need = offsets[i + 1] - start - have
+        share = shares[i]
+        g = groups[i]
+        for got in range(max(need, 0)):
+            end = start + have + got
+            best = -1
+            best_u = 0.0
+            for sibling_pass in range(2):
+                if sibling_pass == 0 and g < 0:
+                    continue
+                for d in range(r):
+                    if sibling_pass == 0 and (not hosts[g, d] or loads[d] + share > bound[d]):
+                        continue
+                    taken = False
+                    for j in range(start, end):
+                        if targets[j] == d:
+                            taken = True
+                            break
+                    if taken:
+                        continue
+                    u = loads[d] / capacities[d] if hetero else loads[d]
+                    if best < 0 or u < best_u:
+                        best = d
+                        best_u = u
+                if best >= 0:
+                    break
+            targets[end] = best
+            loads[best] += share
+            if g >= 0:
+                hosts[g, best] = True
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     """The planner's compiled loops (or their plain-Python versions, for tests and debugging)."""
@@ -271,11 +329,12 @@ class Kernels:
     fsum_split: Callable[[FloatArray, BoolArray], tuple[float, float, bool]]
     admit: Callable[[IntArray, int], tuple[IntArray, int]]
     lpt: Callable[[FloatArray, IntArray, IntArray, IntArray, FloatArray, FloatArray], None]
+    place_grouped: Callable[..., None]
 
 
 def python_kernels() -> Kernels:
     """The same loops, uncompiled: slow, but they show numba changes nothing."""
-    return Kernels(fsum_split=_fsum_split, admit=_admit, lpt=_lpt)
+    return Kernels(fsum_split=_fsum_split, admit=_admit, lpt=_lpt, place_grouped=_place_grouped)
 
 
 @functools.cache
@@ -286,4 +345,9 @@ def compiled() -> Kernels:
     def jit(fn: Callable[..., Any]) -> Any:
         return numba.njit(cache=True, nogil=True)(fn)
 
-    return Kernels(fsum_split=jit(_fsum_split), admit=jit(_admit), lpt=jit(_lpt))
+    return Kernels(
+        fsum_split=jit(_fsum_split),
+        admit=jit(_admit),
+        lpt=jit(_lpt),
+        place_grouped=jit(_place_grouped),
+    )

@@ -11,9 +11,14 @@ import numpy as np
 from cacheroute.planner.errors import PlannerError
 from cacheroute.planner.inputs import PlanInputs
 from cacheroute.planner.kernels import Kernels
+from cacheroute.planner.params import PlannerParams
 from cacheroute.planner.plan import BoolArray, FloatArray, Plan
 
-__all__ = ["cold_tail", "exact_sums", "expected_loads"]
+__all__ = ["cold_tail", "exact_sums", "expected_loads", "load_bound", "sizing_cap"]
+
+# The bound is enforced with a hair of slack so that rounding in the final max/mean (which sums
+# the loads in another order) can never report 1.05000000001 for a plan held at 1.05.
+_BOUND_SLACK = 1e-9
 
 
 def expected_loads(plan: Plan, keys: Sequence[str], rates: FloatArray) -> FloatArray:
@@ -56,3 +61,22 @@ def cold_tail(cold: float, inp: PlanInputs) -> FloatArray:
         return np.full(r, cold / r, dtype=np.float64)
     loads: FloatArray = cold * inp.capacities / inp.capacity_total
     return loads
+
+
+def sizing_cap(rates: FloatArray, params: PlannerParams, r: int, kernels: Kernels) -> float:
+    """The per-replica rate k_b is sized against (q_cap, or less with `fair_share`).
+
+    Uses the exactly rounded total, the same number the plan stores as `total_rate`, so that
+    `Plan.validate` on a gateway recomputes the same cap bit for bit.
+    """
+    if params.fair_share is None:
+        return params.q_cap
+    total, _ = exact_sums(rates, np.zeros(rates.shape[0], dtype=np.bool_), kernels)
+    return params.sizing_cap(total, r)
+
+
+def load_bound(params: PlannerParams, total: float, caps: FloatArray) -> FloatArray:
+    """Per destination: `imbalance_tolerance` x the mean load (capacity-weighted), a hair lower."""
+    mean = total / float(caps.sum())
+    out: FloatArray = params.imbalance_tolerance * (1.0 - _BOUND_SLACK) * mean * caps
+    return out

@@ -18,8 +18,8 @@ ADMISSION_MODES: tuple[Admission, ...] = ("rate", "bytes")
 class PlannerParams:
     """Everything Algorithm 1 and the re-planner need besides the rates and the destinations.
 
-    The first five fields mirror the `PlanParams` record of the plan header (schemas/plan_header.avsc)
-    so the planner service can copy them field by field; `admission` is planner-local.
+    The fields mirror the `PlanParams` record of the plan header (schemas/plan_header.avsc), so a
+    gateway rebuilds them from the header and validates k_b exactly as the planner sized it.
     """
 
     q_cap: float
@@ -37,6 +37,22 @@ class PlannerParams:
     """
     admission: Admission = "rate"
     """`rate` (the paper) or `bytes` (order by rate * reusable prefix tokens per slot)."""
+    fair_share: float | None = None
+    """Also split a key whose load per replica would exceed `fair_share` x the mean destination load.
+
+    Algorithm 1 sizes a key only against the knee (`k_b = ceil(rate_b / q_cap)`); a key below the
+    knee but above the mean load of a destination then lands whole on one destination and no
+    placement can balance the cluster (our whale runs: max/mean 1.39). With this set, the sizing
+    cap is `min(q_cap, fair_share x total_rate / R)` (see `sizing_cap`). None: the paper's rule.
+    """
+    group_separator: str | None = None
+    """Co-locate sibling keys: keys with the same text before the last `group_separator`.
+
+    Routing keys are often hierarchical (`tenant/conversation`) and siblings share a prompt prefix
+    (the tenant's system prompt). Placing them on the same destinations, while that keeps every
+    destination within `imbalance_tolerance` of the mean, saves one cached copy of the shared
+    prefix per destination. None (or keys without the separator): LPT exactly as in Algorithm 1.
+    """
 
     def __post_init__(self) -> None:
         if isinstance(self.q_cap, bool) or not (math.isfinite(self.q_cap) and self.q_cap > 0):
@@ -53,10 +69,30 @@ class PlannerParams:
             )
         if not (0.0 <= self.hysteresis < 1.0):
             raise PlannerError(f"hysteresis must be in [0, 1), got {self.hysteresis!r}")
+        if self.fair_share is not None and (
+            isinstance(self.fair_share, bool)
+            or not (math.isfinite(self.fair_share) and self.fair_share > 0)
+        ):
+            raise PlannerError(f"fair_share must be a finite number > 0, got {self.fair_share!r}")
+        if self.group_separator is not None and not self.group_separator:
+            raise PlannerError(
+                f"group_separator must be a non-empty string, got {self.group_separator!r}"
+            )
         if self.admission not in ADMISSION_MODES:
             raise PlannerError(
                 f"admission must be one of {', '.join(ADMISSION_MODES)}, got {self.admission!r}"
             )
+
+    def sizing_cap(self, total_rate: float, n_destinations: int) -> float:
+        """The rate one replica of a key may carry: q_cap, or less with `fair_share` set.
+
+        Every component that checks k_b (the planner, Plan.validate on gateways) calls this with
+        the plan's exactly rounded total rate, so all of them get the same bits.
+        """
+        if self.fair_share is None or total_rate <= 0.0 or n_destinations < 1:
+            return self.q_cap
+        fair = self.fair_share * total_rate / n_destinations
+        return min(self.q_cap, fair) if fair > 0.0 else self.q_cap
 
     def capacity_slots(self, n_destinations: int) -> int:
         """C = R * W: how many (key, destination) warm slots the cluster has."""

@@ -249,7 +249,8 @@ class Plan:
         _check(np.unique(codes).size == codes.size, "a key's destinations must be distinct")
         yield_()
         _check(bool(np.all(np.isfinite(self.rates)) and np.all(self.rates >= 0)), "bad rates")
-        expected_k = np.clip(np.ceil(self.rates / self.params.q_cap), 1, r).astype(np.int64)
+        cap = self.params.sizing_cap(self.total_rate, r)
+        expected_k = np.clip(np.ceil(self.rates / cap), 1, r).astype(np.int64)
         bad_k = np.flatnonzero(expected_k != k)
         if bad_k.size:
             i = int(bad_k[0])

@@ -203,6 +203,8 @@ def header_for(
             imbalance_tolerance=p.imbalance_tolerance,
             hysteresis=p.hysteresis,
             admission=p.admission,
+            fair_share=p.fair_share,
+            group_separator=p.group_separator,
         ),
         destinations=[DestinationRecord(d.name, d.capacity) for d in plan.destinations],
         key_count=plan.n_admitted,
@@ -398,6 +400,8 @@ def plan_from_records(
         imbalance_tolerance=p.imbalance_tolerance,
         hysteresis=p.hysteresis,
         admission="bytes" if p.admission == "bytes" else "rate",
+        fair_share=p.fair_share,
+        group_separator=p.group_separator,
     )
     plan = Plan(
         version=v,

@@ -62,6 +62,8 @@ class PlanParams:
     imbalance_tolerance: float = 1.05
     hysteresis: float = 0.0
     admission: str = "rate"
+    fair_share: float | None = None
+    group_separator: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

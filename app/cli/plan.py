@@ -168,6 +168,19 @@ def read_plan(path: Path) -> Plan:
     show_default=True,
     help="With --prev: move keys until max/mean expected load <= this.",
 )
+@click.option(
+    "--fair-share",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Split keys above this x the mean destination load; 0: the paper's k_b rule.",
+)
+@click.option(
+    "--group-separator",
+    default="/",
+    show_default=True,
+    help="Co-locate keys with the same text before the last separator; '': plain LPT.",
+)
 @click.option("--plan-version", type=click.IntRange(min=0), help="[default: prev + 1, or 1]")
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the plan JSON here."
@@ -186,6 +199,8 @@ def build(
     admission: str,
     hysteresis: float,
     tolerance: float,
+    fair_share: float,
+    group_separator: str,
     plan_version: int | None,
     out: Path | None,
     as_json: bool,
@@ -209,6 +224,8 @@ def build(
             imbalance_tolerance=tolerance,
             hysteresis=hysteresis,
             admission="bytes" if admission == "bytes" else "rate",
+            fair_share=fair_share or None,
+            group_separator=group_separator or None,
         )
         new = build_plan(
             keys,

@@ -50,6 +50,15 @@ def _config_help() -> str:
 @click.option("--tolerance", "imbalance_tolerance", type=float, help="max/mean bound [1.05].")
 @click.option("--hysteresis", type=float, help="Admission hysteresis h [0.2].")
 @click.option("--admission", type=click.Choice(["rate", "bytes"]), help="Admission order [rate].")
+@click.option(
+    "--fair-share",
+    type=click.FloatRange(min=0),
+    help="Split keys above this x the mean destination load; 0: the paper's k_b [1].",
+)
+@click.option(
+    "--group-separator",
+    help="Co-locate keys with the same text before the last separator; '': off ['/'].",
+)
 @click.option("--ewma-alpha", type=float, help="Weight of the newest rate window [0.5].")
 @click.option("--rewarm-s", type=float, help="Advisor: seconds a moved key runs cold [10].")
 @click.option(
@@ -77,6 +86,8 @@ def run(
     imbalance_tolerance: float | None,
     hysteresis: float | None,
     admission: str | None,
+    fair_share: float | None,
+    group_separator: str | None,
     ewma_alpha: float | None,
     rewarm_s: float | None,
     max_plan_age_s: float | None,
@@ -113,6 +124,8 @@ def run(
             "imbalance_tolerance": imbalance_tolerance,
             "hysteresis": hysteresis,
             "admission": admission,
+            "fair_share": fair_share,
+            "group_separator": group_separator,
             "ewma_alpha": ewma_alpha,
             "rewarm_s": rewarm_s,
             "max_plan_age_s": max_plan_age_s,

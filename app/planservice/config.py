@@ -90,6 +90,18 @@ class PlannerServiceConfig:
         return f"{topic_prefix}{self.group}"
 
 
+DEFAULT_FAIR_SHARE = 1.0
+"""Deployed default: no replica of a key carries more than the mean destination load."""
+DEFAULT_GROUP_SEPARATOR = "/"
+"""Deployed default: `tenant/conversation` keys of one tenant are co-located."""
+
+
+def _separator(raw: object, source: str) -> str | None:
+    if not isinstance(raw, str):
+        raise ConfigError(f"planner setting 'group_separator' must be a string{source}")
+    return raw or None
+
+
 CONFIG_KEYS: dict[str, str] = {
     "destinations": "int (d0..dN-1), list of names, or [[destinations]] with name and capacity",
     "q_cap": "capacity knee of one replica of a key, requests/s (required)",
@@ -98,6 +110,8 @@ CONFIG_KEYS: dict[str, str] = {
     "imbalance_tolerance": "max/mean expected load re-planning aims for (default 1.05)",
     "hysteresis": "admission hysteresis h in [0, 1) (default 0.2)",
     "admission": "'rate' or 'bytes' (default rate)",
+    "fair_share": "split keys above this x the mean destination load; 0: the paper's k_b (default 1)",
+    "group_separator": "co-locate keys with the same text before the last one; '': off (default '/')",
     "ewma_alpha": "weight of the newest window in the per-key EWMA (default 0.5)",
     "settle_s": "quiet time before a window that every partition reported folds (default 2)",
     "max_wait_s": "a window folds this long after its first record regardless (default 30)",
@@ -196,6 +210,10 @@ def load_service_config(
             imbalance_tolerance=number("imbalance_tolerance", 1.05),
             hysteresis=number("hysteresis", 0.2),
             admission="bytes" if values.get("admission", "rate") == "bytes" else "rate",
+            fair_share=number("fair_share", DEFAULT_FAIR_SHARE) or None,
+            group_separator=_separator(
+                values.get("group_separator", DEFAULT_GROUP_SEPARATOR), source
+            ),
         )
         if values.get("admission", "rate") not in ("rate", "bytes"):
             raise ConfigError(f"planner setting 'admission' must be rate or bytes{source}")

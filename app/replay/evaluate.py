@@ -76,6 +76,12 @@ class EvalConfig:
     """Control intervals per replay (the interval is the replay's duration / this)."""
     oracle: bool = False
     rate_decay: float = 1.0
+    fair_share: float | None = 1.0
+    """cacheroute's fair-share sizing (None: the paper's k_b rule only)."""
+    group_separator: str | None = "/"
+    """cacheroute's sibling co-location (None: plain LPT)."""
+    spill_factor: float | None = 2.0
+    """cacheroute's dispatcher overload spill (None: the paper's dispatch rule)."""
     margin: float = 0.10
     """Deploy only if capacity is >= (1 + margin)x and p99 <= (1 - margin)x Flat-LB's: the same
     +-10% band the verdicts call a tie, so a tie never deploys."""
@@ -93,6 +99,10 @@ class EvalConfig:
             raise ReplayError("load factors and the SLO must be > 0")
         if self.q_cap_factor <= 0:
             raise ReplayError("q_cap_factor must be > 0")
+        if self.spill_factor is not None and not self.spill_factor >= 1.0:
+            raise ReplayError("spill_factor must be >= 1 (or None: never spill)")
+        if self.fair_share is not None and not self.fair_share > 0.0:
+            raise ReplayError("fair_share must be > 0 (or None: the paper's k_b rule)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +201,9 @@ class Evaluation:
                 "control_intervals_per_replay": cfg.intervals,
                 "oracle_rates": cfg.oracle,
                 "rate_decay": cfg.rate_decay,
+                "fair_share": cfg.fair_share,
+                "group_separator": cfg.group_separator,
+                "spill_factor": cfg.spill_factor,
             },
             "knee_qps_per_replica": self.knee_qps,
             "loads_qps": list(self.loads_qps),
@@ -262,6 +275,9 @@ class _Runner:
             control_interval_s=max(requests.duration, 1e-6) / self.cfg.intervals,
             oracle=self.cfg.oracle,
             rate_decay=self.cfg.rate_decay,
+            fair_share=self.cfg.fair_share,
+            group_separator=self.cfg.group_separator,
+            spill_factor=self.cfg.spill_factor,
         )
 
     def passes(self, m: RunMetrics) -> bool:

@@ -10,8 +10,13 @@ the placement differs, which is what the ablation isolates:
   one destination chosen by rendezvous hashing (pinning, hash placement);
 * `affinity+replication` - Algorithm 1's admission and k_b = ceil(rate / q_cap), the k_b
   destinations chosen by rendezvous hashing (hash placement, no LPT);
-* `cacheroute` - the planner as deployed: admission, replication, LPT placement from the cold-tail
-  load, and churn-aware re-planning from the previous plan (hysteresis, few moves).
+* `affinity+replication+lpt` - Algorithm 1 as published: admission, replication, LPT placement
+  from the cold-tail load, with our churn-aware re-planning (hysteresis, few moves);
+* `cacheroute` - planner and dispatcher as deployed: the above plus our three extensions,
+  fair-share sizing (`PlannerParams.fair_share`: no replica of a key above the mean destination
+  load), sibling co-location (`PlannerParams.group_separator`: keys of one tenant share
+  destinations) and the dispatcher's overload spill (`Router.spill_factor`: a planned request
+  whose destination holds twice the mean in-flight count goes by P2C).
 
 Every control interval (`PlanConfig.control_interval_s` of replay time) each policy re-plans from the
 per-key rates observed so far in the replay - request counts since the start over the elapsed
@@ -39,7 +44,7 @@ from cacheroute.planner import Plan, PlannerParams, build_plan, plan_diff
 from cacheroute.replay.policy import Policy, PolicyContext, UIntArray
 from cacheroute.replay.requestset import FloatArray, IntArray
 
-__all__ = ["Affinity", "AffinityReplication", "CacheRoute", "rendezvous_order"]
+__all__ = ["Affinity", "AffinityReplication", "CacheRoute", "PaperLPT", "rendezvous_order"]
 
 _HUGE_Q_CAP = 1e300  # k_b = ceil(rate / q_cap) = 1 for every key: affinity without replication
 
@@ -65,10 +70,17 @@ def rendezvous_order(hashes: UIntArray, destinations: int) -> IntArray:
 class _Planned(Policy):
     """Observed-rate re-planning and Router dispatch; subclasses decide the assignments."""
 
+    extensions = False
+    """Whether the policy runs our extensions (fair share, siblings, spill) or the paper's rules."""
+
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         cfg = ctx.plan
-        self.router = Router(ctx.names, rng=ctx.random(1))
+        self.router = Router(
+            ctx.names,
+            rng=ctx.random(1),
+            spill_factor=cfg.spill_factor if self.extensions else None,
+        )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys
         self.all_key_index = ctx.requests.key_index
@@ -78,7 +90,11 @@ class _Planned(Policy):
             control_interval_s=cfg.control_interval_s,
             imbalance_tolerance=cfg.imbalance_tolerance,
             hysteresis=cfg.hysteresis,
+            fair_share=cfg.fair_share,
+            group_separator=cfg.group_separator,
         )
+        self.paper_params = replace(self.params, fair_share=None, group_separator=None)
+        """Algorithm 1's sizing and plain LPT: what the ablation steps before `cacheroute` use."""
         self.window_start = 0
         self.counts: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
         self.plan: Plan | None = None
@@ -178,7 +194,7 @@ class Affinity(_Planned):
     name = "affinity"
 
     def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
-        params = replace(self.params, q_cap=_HUGE_Q_CAP)
+        params = replace(self.paper_params, q_cap=_HUGE_Q_CAP)
         return build_plan(keys, rates, self.ctx.names, params, created_ms=created_ms)
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
@@ -192,7 +208,7 @@ class AffinityReplication(_Planned):
     name = "affinity+replication"
 
     def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
-        return build_plan(keys, rates, self.ctx.names, self.params, created_ms=created_ms)
+        return build_plan(keys, rates, self.ctx.names, self.paper_params, created_ms=created_ms)
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
         order = self.hrw(plan)
@@ -201,9 +217,10 @@ class AffinityReplication(_Planned):
 
 
 class CacheRoute(_Planned):
-    """The full planner: Algorithm 1 (admission, k_b, LPT) with churn-aware re-planning."""
+    """The planner as deployed: Algorithm 1 + fair-share sizing + sibling co-location + churn."""
 
     name = "cacheroute"
+    extensions = True
 
     def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
         return build_plan(
@@ -217,3 +234,19 @@ class CacheRoute(_Planned):
         """Exactly what a gateway's Dispatcher.apply_plan builds: `table_from_plan`."""
         del assignments
         return table_from_plan(plan, self.ctx.names)
+
+
+class PaperLPT(CacheRoute):
+    """Algorithm 1 as published (k_b = ceil(rate / q_cap), LPT), with churn-aware re-planning.
+
+    The ablation step between `affinity+replication` and `cacheroute`: it adds LPT placement,
+    but none of our extensions (fair-share sizing, sibling co-location, the dispatcher's spill).
+    """
+
+    name = "affinity+replication+lpt"
+    extensions = False
+
+    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+        return build_plan(
+            keys, rates, self.ctx.names, self.paper_params, prev=self.plan, created_ms=created_ms
+        )

@@ -5,19 +5,35 @@ from __future__ import annotations
 from cacheroute.replay.baselines import Chwbl, FlatLB, Sticky
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
-from cacheroute.replay.planned import Affinity, AffinityReplication, CacheRoute
+from cacheroute.replay.planned import Affinity, AffinityReplication, CacheRoute, PaperLPT
 from cacheroute.replay.policy import Policy, PolicyContext
 
 __all__ = ["ABLATION", "BASELINES", "POLICY_NAMES", "make_policy"]
 
 _CLASSES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (FlatLB, Sticky, Chwbl, SGLang, Preble, Affinity, AffinityReplication, CacheRoute)
+    for cls in (
+        FlatLB,
+        Sticky,
+        Chwbl,
+        SGLang,
+        Preble,
+        Affinity,
+        AffinityReplication,
+        PaperLPT,
+        CacheRoute,
+    )
 }
 POLICY_NAMES: tuple[str, ...] = tuple(_CLASSES)
-"""flat-lb, sticky, chwbl, sglang, preble, affinity, affinity+replication, cacheroute."""
+"""flat-lb, sticky, chwbl, sglang, preble, affinity, affinity+replication(+lpt), cacheroute."""
 BASELINES: tuple[str, ...] = ("flat-lb", "sticky", "chwbl", "sglang", "preble")
-ABLATION: tuple[str, ...] = ("flat-lb", "affinity", "affinity+replication", "cacheroute")
+ABLATION: tuple[str, ...] = (
+    "flat-lb",
+    "affinity",
+    "affinity+replication",
+    "affinity+replication+lpt",
+    "cacheroute",
+)
 
 
 def make_policy(name: str, ctx: PolicyContext) -> Policy:

@@ -45,6 +45,13 @@ class PlanConfig:
     """Per-interval decay of observed counts: 1.0 = all requests so far, d < 1 = recent window."""
     hysteresis: float = 0.2
     imbalance_tolerance: float = 1.05
+    fair_share: float | None = 1.0
+    """Split keys above this multiple of the mean destination load (None: the paper's k_b rule)."""
+    group_separator: str | None = "/"
+    """Co-locate sibling keys (same text before the last separator); None: plain LPT."""
+    spill_factor: float | None = 2.0
+    """cacheroute's dispatcher spills a planned request to P2C when its destination holds this
+    many times the mean in-flight count (None: the paper's rule, never spill)."""
 
     def __post_init__(self) -> None:
         if not (self.q_cap > 0 and self.control_interval_s > 0 and self.warm_slots >= 0):

@@ -62,7 +62,10 @@ def render_run(ev: Evaluation, plots: Mapping[str, str], *, title: str, level: i
         f"Cluster: R = {cfg.sim.destinations}, prefix cache {cfg.sim.service.cache_tokens:,} "
         f"tokens and {cfg.sim.service.max_running} running sequences per replica; SLO: p99 "
         f"{metric} <= {_ms(cfg.slo_ms)}. Measured knee of one replica {ev.knee_qps:.1f} req/s; "
-        f"q_cap = {ev.q_cap:.1f} req/s; W = {cfg.warm_slots}; "
+        f"q_cap = {ev.q_cap:.1f} req/s; W = {cfg.warm_slots}; cacheroute: fair share "
+        f"{'off' if cfg.fair_share is None else f'{cfg.fair_share:g} x mean'}, sibling "
+        f"co-location {'off' if cfg.group_separator is None else repr(cfg.group_separator)}, "
+        f"spill {'off' if cfg.spill_factor is None else f'at {cfg.spill_factor:g} x mean'}; "
         f"{'oracle rates' if cfg.oracle else 'rates observed so far, re-planned'} "
         f"{'' if cfg.oracle else f'{cfg.intervals} times per replay'}.",
         f"Reference (matched) load: {ev.reference_qps:.0f} req/s, the highest sweep load "

@@ -112,6 +112,7 @@ def test_release_never_goes_negative_and_counts_stay_exact_across_threads() -> N
     for t in threads:
         t.join()
     assert r.inflight == [0, 0, 0, 0]
+    assert r.total_inflight == 0
 
 
 def test_same_seed_same_decisions() -> None:
@@ -124,3 +125,46 @@ def test_bad_configuration_is_refused() -> None:
         Router([])
     with pytest.raises(DispatchError):
         Router(["a", "a"])
+
+
+def test_overloaded_member_spills_to_p2c_only_past_both_bounds() -> None:
+    r = Router(NAMES, rng=random.Random(1), spill_min_inflight=4)  # spill_factor 2 by default
+    r.table = build_table(1, 0, [("solo", ["d1"]), ("hot", ["d2", "d0"])], NAMES, NAMES)
+    for _ in range(3):
+        r.acquire(1)
+    # 3 in flight, all on d1: 3 x 4 >= 2 x (3 + 1), but below the floor of 4 -> still planned.
+    assert r.route("solo") == "d1"
+    r.acquire(1)
+    # 4 on d1 (>= floor) and 4 x 4 >= 2 x (4 + 1): overloaded -> P2C among the others' lighter loads
+    picks = Counter(r.route("solo") for _ in range(200))
+    assert picks["d1"] == 0
+    assert r.counts[RouteKind.SPILLED] == 200
+    for d in (0, 2, 3):  # spread the load: d1 now holds 4 of 16, below 2 x the mean
+        for _ in range(4):
+            r.acquire(d)
+    assert r.route("solo") == "d1"
+
+    # Multi-replica keys: the least-loaded member is checked the same way.
+    eight = [f"d{i}" for i in range(8)]
+    m = Router(eight, rng=random.Random(2), spill_min_inflight=4)
+    m.table = build_table(1, 0, [("hot", ["d2", "d0"])], eight, eight)
+    for _ in range(20):  # 40 in flight, mean 5: both members hold 4x the mean
+        m.acquire(2)
+        m.acquire(0)
+    assert m.route("hot") not in ("d0", "d2")
+    assert m.counts[RouteKind.SPILLED] == 1
+
+
+def test_spill_can_be_turned_off() -> None:
+    r = Router(NAMES, rng=random.Random(1), spill_factor=None)
+    r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
+    for _ in range(100):
+        r.acquire(1)
+    assert r.route("solo") == "d1"
+    assert r.counts[RouteKind.SPILLED] == 0
+
+
+@pytest.mark.parametrize(("factor", "floor"), [(0.5, 16), (float("nan"), 16), (2.0, 0)])
+def test_bad_spill_settings_are_refused(factor: float, floor: int) -> None:
+    with pytest.raises(DispatchError, match="spill"):
+        Router(NAMES, spill_factor=factor, spill_min_inflight=floor)

@@ -69,3 +69,19 @@ def test_defaults_and_counted_destinations() -> None:
 def test_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_service_config(write(tmp_path, text))
+
+
+def test_planner_extensions_are_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    base = {"destinations": 4, "q_cap": 8.0, "warm_slots": 10}
+    deployed = load_service_config(None, base)
+    assert (deployed.params.fair_share, deployed.params.group_separator) == (1.0, "/")
+    paper = load_service_config(None, base | {"fair_share": 0.0, "group_separator": ""})
+    assert (paper.params.fair_share, paper.params.group_separator) == (None, None)
+    path = write(
+        tmp_path, 'q_cap = 8.0\nwarm_slots = 10\ndestinations = 2\ngroup_separator = ":"\n'
+    )
+    assert load_service_config(path).params.group_separator == ":"
+    with pytest.raises(ConfigError, match="group_separator"):
+        load_service_config(None, base | {"group_separator": 3})
+    with pytest.raises(ConfigError, match="fair_share"):
+        load_service_config(None, base | {"fair_share": -1.0})

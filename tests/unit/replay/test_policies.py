@@ -8,10 +8,17 @@ import numpy as np
 import pytest
 
 from cacheroute.dispatcher.routing import Router, RoutingTable
+from cacheroute.planner import Plan
 from cacheroute.replay.baselines import Chwbl, FlatLB, Sticky
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
-from cacheroute.replay.planned import Affinity, AffinityReplication, CacheRoute, rendezvous_order
+from cacheroute.replay.planned import (
+    Affinity,
+    AffinityReplication,
+    CacheRoute,
+    PaperLPT,
+    rendezvous_order,
+)
 from cacheroute.replay.policies import POLICY_NAMES, make_policy
 from cacheroute.replay.policy import PlanConfig, PolicyContext
 from cacheroute.replay.prefixindex import PrefixIndex
@@ -40,6 +47,7 @@ def test_registry_has_the_fixed_names(workload_factory: WorkloadFactory) -> None
         "preble",
         "affinity",
         "affinity+replication",
+        "affinity+replication+lpt",
         "cacheroute",
     )
     ctx = ctx_for(workload_factory("paper", requests=300))
@@ -176,3 +184,33 @@ def test_oracle_plans_up_front(workload_factory: WorkloadFactory) -> None:
     p.tick(5.0, 500)
     assert p.plan is not None
     assert p.plan.version == 1
+
+
+def test_cacheroute_adds_fair_share_and_siblings_to_algorithm_1(
+    workload_factory: WorkloadFactory,
+) -> None:
+    """`affinity+replication+lpt` is the paper's planner; `cacheroute` adds our two extensions."""
+    q = workload_factory("whale", requests=3000, keys=300)
+    r = 16
+    mean = q.rate / r
+    paper = PaperLPT(ctx_for(q, r, oracle=True, q_cap=10 * q.rate))  # the knee never binds
+    ours = CacheRoute(ctx_for(q, r, oracle=True, q_cap=10 * q.rate))
+    assert paper.plan is not None
+    assert ours.plan is not None
+    assert paper.plan.params.fair_share is None
+    assert paper.plan.params.group_separator is None
+    assert ours.plan.params.fair_share == 1.0
+    assert ours.plan.params.group_separator == "/"
+    # The biggest whale (~9% of the rate, > the mean load of one of 16 destinations) is split only
+    # by fair-share sizing.
+    top = int(np.argmax(paper.plan.rates))
+    assert paper.plan.rates[top] > mean
+    assert paper.plan.replicas()[top] == 1
+    assert ours.plan.replicas()[ours.plan.keys.index(paper.plan.keys[top])] > 1
+    assert ours.plan.max_over_mean() < paper.plan.max_over_mean()
+
+    def tenants_per_destination(plan: Plan) -> int:
+        seen = {(d, k.rpartition("/")[0]) for k, ts in plan.assignments().items() for d in ts}
+        return len(seen)
+
+    assert tenants_per_destination(ours.plan) < tenants_per_destination(paper.plan)
