@@ -358,7 +358,12 @@ load, so a whale below the knee is still split), sibling co-location (keys with 
 before the last `/`, e.g. one tenant's conversations, share destinations while every destination
 stays within 5% of the mean load) and the dispatcher's overload spill (a planned request whose
 destination holds at least twice the mean in-flight count, and at least 16, goes by
-power-of-two-choices instead). Three runs below turn each one off. Absolute numbers depend on the
+power-of-two-choices instead). Three runs below turn each one off. What they rely on: sibling
+co-location pays off here because the synthetic conversation keys `tenant-<t>/conv-<i>` share
+their tenant's prompt (about 2,048 tokens); where siblings share no prefix it only changes the
+placement and cannot raise the hit rate. The spill is the one reactive rule (like CHWBL's bound or
+Preble's load cost): it acts on the gateway's in-flight counts, not on the plan. Absolute numbers
+depend on the
 service model; the comparisons are what this document is for. It says where CacheRoute does not
 win: see "Where CacheRoute does not win" below, computed from the runs.
 

@@ -6,7 +6,8 @@ Steps (all deterministic for a seed; no clock - the shell times it):
      replicas, load raised until p99 leaves the SLO. It is `q_cap` unless one is given (the paper
      measures q_cap the same way: the QPS where tail latency explodes).
   2. **sweep** - each policy at offered loads `load_factors` x R x knee (requests/s; the replay is
-     time-compressed to each load). A policy stops after two failing loads in a row.
+     time-compressed to each load). A policy stops after two failing loads in a row; one that
+     still serves the top load goes on in x1.2 steps (at most `extend_steps`) until it fails.
   3. **capacity** - the highest load whose p99 (TTFT by default) stays under the SLO, refined by
      bisection between the last passing and the first failing load.
   4. **reference load** - the highest sweep load at which Flat-LB still passes (matched load):
@@ -41,6 +42,8 @@ __all__ = ["EvalConfig", "Evaluation", "PolicyReport", "Reporter", "evaluate", "
 
 Recommendation = Literal["deploy", "keep flat-lb"]
 DEFAULT_FACTORS = (0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.45)
+EXTEND_FACTOR = 1.2
+"""A policy that still serves the top sweep load is run at x1.2 steps until it fails."""
 
 
 class Reporter(Protocol):
@@ -67,6 +70,9 @@ class EvalConfig:
     slo_ms: float = 2000.0
     slo_metric: SloMetric = "ttft"
     load_factors: tuple[float, ...] = DEFAULT_FACTORS
+    extend_steps: int = 6
+    """At most this many x1.2 steps beyond the sweep for a policy that still serves its top (a
+    capacity that is still the top of the sweep after them is a lower bound, shown as such)."""
     refine_steps: int = 3
     q_cap: float | None = None
     q_cap_factor: float = 1.0
@@ -116,6 +122,8 @@ class PolicyReport:
     info: dict[str, Any]
     at_capacity: RunMetrics | None = None
     """The sweep run at the highest load this policy served within the SLO (None: none did)."""
+    capacity_is_lower_bound: bool = False
+    """True if the policy still served the highest load run: its capacity is at least that."""
 
     def to_dict(self, metric: SloMetric, slo_ms: float) -> dict[str, Any]:
         """JSON form: headline figures at the reference load, then the sweep."""
@@ -132,6 +140,7 @@ class PolicyReport:
             "hot_ttft_p99_ms": ref.hot_ttft_p99_ms,
             "cold_ttft_p99_ms": ref.cold_ttft_p99_ms,
             "slo_capacity_qps": self.slo_capacity_qps,
+            "slo_capacity_is_lower_bound": self.capacity_is_lower_bound,
             "load_at_reference": list(ref.load),
             "at_capacity": None
             if self.at_capacity is None
@@ -350,6 +359,27 @@ def _subset(q: RequestSet, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Request
     )
 
 
+def _sweep(
+    runner: _Runner, name: str, loads: Sequence[float], extend_steps: int
+) -> tuple[list[RunMetrics], dict[str, Any]]:
+    """One policy over the loads (two failures in a row end it), extended past a passing top."""
+    sweep: list[RunMetrics] = []
+    fails = 0
+    for load in loads:
+        m = runner.run(name, load)
+        sweep.append(m)
+        fails = 0 if runner.passes(m) else fails + 1
+        if fails == 2:
+            break
+    load = loads[-1]
+    for _ in range(extend_steps):  # still serving at the top: find where it stops
+        if not runner.passes(sweep[-1]):
+            break
+        load *= EXTEND_FACTOR
+        sweep.append(runner.run(name, load))
+    return sweep, runner.last_info
+
+
 def _capacity(runner: _Runner, policy: str, sweep: Sequence[RunMetrics], refine: int) -> float:
     """Highest passing load: last pass before the first failure, refined by bisection."""
     lo = 0.0
@@ -392,16 +422,7 @@ def evaluate(
     infos: dict[str, dict[str, Any]] = {}
     for name in config.policies:
         rep.stage(f"{name}: load sweep", base.n * len(loads))
-        sweep: list[RunMetrics] = []
-        fails = 0
-        for load in loads:
-            m = runner.run(name, load)
-            sweep.append(m)
-            infos[name] = runner.last_info
-            fails = 0 if runner.passes(m) else fails + 1
-            if fails == 2:
-                break
-        sweeps[name] = sweep
+        sweeps[name], infos[name] = _sweep(runner, name, loads, config.extend_steps)
     flat = sweeps["flat-lb"]
     passing = [m.offered_qps for m in flat if runner.passes(m)]
     reference = max(passing) if passing else loads[0]
@@ -414,7 +435,13 @@ def evaluate(
         served = [m for m in sweeps[name] if runner.passes(m)]
         top = max(served, key=lambda m: m.offered_qps) if served else None
         reports[name] = PolicyReport(
-            name, tuple(sweeps[name]), cap, ref, infos.get(name, {}), at_capacity=top
+            name,
+            tuple(sweeps[name]),
+            cap,
+            ref,
+            infos.get(name, {}),
+            at_capacity=top,
+            capacity_is_lower_bound=runner.passes(sweeps[name][-1]),
         )
     rep.stage("diagnostic", 1)
     diag = diagnose(runner.at(reference), r, config.sim.service)

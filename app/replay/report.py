@@ -38,6 +38,11 @@ def _qps(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.0f}"
 
 
+def _cap(p: PolicyReport) -> str:
+    """SLO capacity; `>= x` when the policy still served the highest load that was run."""
+    return f"{'>= ' if p.capacity_is_lower_bound else ''}{_qps(p.slo_capacity_qps)}"
+
+
 def _top(p: PolicyReport) -> str:
     top = p.at_capacity
     return "n/a" if top is None else f"{top.max_over_mean:.2f} @ {top.offered_qps:.0f}"
@@ -82,7 +87,8 @@ def render_run(ev: Evaluation, plots: Mapping[str, str], *, title: str, level: i
         lines.append(
             f"| {name} | {_pct(ref.hit_rate)} | {ref.max_over_mean:.2f} | "
             f"{ref.max_over_mean_prefill:.2f} | {_ms(ref.p99_ms(cfg.slo_metric))} | "
-            f"{_ms(ref.e2e_p99_ms)} | {_qps(p.slo_capacity_qps)} | {vs:.2f}x | "
+            f"{_ms(ref.e2e_p99_ms)} | {_cap(p)} | {'>= ' if p.capacity_is_lower_bound else ''}"
+            f"{vs:.2f}x | "
             f"{_ms(ref.hot_ttft_p99_ms)} / {_ms(ref.cold_ttft_p99_ms)} | {_top(p)} |"
         )
     d = ev.diagnostic
@@ -167,7 +173,7 @@ def evidence_checks(whale: Evaluation | None, low: Evaluation | None) -> list[Ch
                 Check(
                     "whale: `cacheroute` hit rate within 3 points of `affinity`",
                     f"{_pct(cr.at_reference.hit_rate)} vs {_pct(aff.at_reference.hit_rate)} "
-                    f"({100 * gap:+.1f} points)",
+                    f"({-100 * gap:+.1f} points against `affinity`)",
                     gap <= 0.03,
                 )
             )
@@ -201,11 +207,18 @@ def evidence_checks(whale: Evaluation | None, low: Evaluation | None) -> list[Ch
                 ratios[i] > ratios[i - 1] and ratios[i] > ratios[i + 1]
                 for i in range(1, len(ratios) - 1)
             )
+            trend = (
+                "the paper's non-monotone effect appears (the gain peaks at a middle R)"
+                if inner
+                else "the paper's non-monotone effect does not appear (no peak at a middle R)"
+            )
             out.append(
                 Check(
-                    "whale: cluster size has a non-monotone effect (gain peaks at a middle R)",
-                    ", ".join(f"R={r}: {x:.2f}x" for r, x in zip(rs, ratios, strict=True)),
-                    inner,
+                    "whale: a cluster-size sweep at a fixed load shows whether the paper's "
+                    "non-monotone effect of R appears",
+                    ", ".join(f"R={r}: {x:.2f}x" for r, x in zip(rs, ratios, strict=True))
+                    + f": {trend}",
+                    len(ratios) >= 3,
                 )
             )
     if low is not None:
@@ -248,7 +261,7 @@ def not_winning(runs: Sequence[EvidenceRun], checks: Sequence[Check]) -> list[st
                 f"{ev.capacity_ratio:.2f}x Flat-LB); recommendation `{ev.recommendation}`."
             )
         better = [
-            f"`{n}` ({_qps(p.slo_capacity_qps)} vs {_qps(cr)} req/s)"
+            f"`{n}` ({_cap(p)} vs {_qps(cr)} req/s)"
             for n, p in ev.policies.items()
             if n != "cacheroute" and p.slo_capacity_qps > cr * 1.02
         ]
