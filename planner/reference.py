@@ -14,13 +14,16 @@ Tie-breaks (the paper leaves them open; both implementations fix them the same w
   5. LPT, in rate-descending order (equal rates by key): take the k_b distinct destinations with
      the smallest load (load / capacity when capacities differ), equal loads lower index first,
      in that order, and add rate_b / k_b to each.
+Our two extensions, when their parameters are set, are written out here too: `fair_share` sizes
+k_b against min(q_cap, fair_share x total / R); `group_separator` prefers, in step 5, the
+destinations a key's siblings already use (`_place_siblings`).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -55,10 +58,13 @@ def reference_build_plan(
     keys, rates, tokens = _checked(keys, rates, prefix_tokens, params)
     n = len(keys)
 
-    def replicas(rate: float) -> int:
-        return min(max(1, math.ceil(rate / params.q_cap)), r)
+    # The sizing cap: q_cap, or less with fair-share sizing (our extension; None: the paper).
+    cap = params.sizing_cap(math.fsum(rates), r)
 
-    capped = sum(1 for rate in rates if math.ceil(rate / params.q_cap) > r)
+    def replicas(rate: float) -> int:
+        return min(max(1, math.ceil(rate / cap)), r)
+
+    capped = sum(1 for rate in rates if math.ceil(rate / cap) > r)
     warn_capped(capped, r)
 
     # Admission: walk by priority, admit what fits, skip what does not.
@@ -93,18 +99,30 @@ def reference_build_plan(
     def level(d: int) -> float:
         return loads[d] if homogeneous else loads[d] / caps[d]
 
-    # LPT: each key takes the k_b least-loaded distinct destinations.
-    heap = [(level(d), d) for d in range(r)]
-    heapq.heapify(heap)
-    chosen_per_key: list[list[int]] = []
-    for i in placed:
-        k = replicas(rates[i])
-        share = rates[i] / k
-        chosen = [heapq.heappop(heap)[1] for _ in range(k)]
-        for d in chosen:
-            loads[d] += share
-            heapq.heappush(heap, (level(d), d))
-        chosen_per_key.append(chosen)
+    if params.group_separator is None:
+        # LPT: each key takes the k_b least-loaded distinct destinations.
+        heap = [(level(d), d) for d in range(r)]
+        heapq.heapify(heap)
+        chosen_per_key: list[list[int]] = []
+        for i in placed:
+            k = replicas(rates[i])
+            share = rates[i] / k
+            chosen = [heapq.heappop(heap)[1] for _ in range(k)]
+            for d in chosen:
+                loads[d] += share
+                heapq.heappush(heap, (level(d), d))
+            chosen_per_key.append(chosen)
+    else:
+        chosen_per_key = _place_siblings(
+            [keys[i] for i in placed],
+            [rates[i] / replicas(rates[i]) for i in placed],
+            [replicas(rates[i]) for i in placed],
+            loads,
+            level,
+            params,
+            total,
+            caps if not homogeneous else [1.0] * r,
+        )
 
     offsets = [0]
     for chosen in chosen_per_key:
@@ -123,6 +141,53 @@ def reference_build_plan(
         cold_rate=cold,
         stats=PlanStats(keys=n, capped_keys=capped, cutoff=cutoff),
     )
+
+
+def _place_siblings(  # noqa: PLR0917 - the state of the LPT loop above, spelled out
+    keys: list[str],
+    shares: list[float],
+    ks: list[int],
+    loads: list[float],
+    level: Callable[[int], float],
+    params: PlannerParams,
+    total: float,
+    caps: list[float],
+) -> list[list[int]]:
+    """Sibling co-location (our extension), written plainly: the oracle of siblings.py.
+
+    Siblings are admitted keys with the same text before the last separator; only groups of two
+    or more count. Each replica goes to the least-loaded destination (level, then index) that a
+    sibling already uses, that the key does not have yet and that stays within the bound
+    tolerance x mean x capacity (a hair lower, as the fast planner); failing that, to the
+    least-loaded destination the key does not have yet (plain LPT).
+    """
+    sep = params.group_separator
+    assert sep is not None  # the caller checked
+    heads = [k.rpartition(sep)[0] for k in keys]
+    size: dict[str, int] = {}
+    for h in heads:
+        size[h] = size.get(h, 0) + 1
+    mean = total / float(np.asarray(caps).sum())  # numpy's sum, as the fast planner's bound
+    bound = [params.imbalance_tolerance * (1.0 - 1e-9) * mean * c for c in caps]
+    hosts: dict[str, set[int]] = {}
+    out: list[list[int]] = []
+    for key_head, share, k in zip(heads, shares, ks, strict=True):
+        grouped = bool(key_head) and size[key_head] >= 2
+        chosen: list[int] = []
+        for _ in range(k):
+            free = [d for d in range(len(loads)) if d not in chosen]
+            near = [
+                d
+                for d in free
+                if grouped and d in hosts.get(key_head, ()) and loads[d] + share <= bound[d]
+            ]
+            d = min(near or free, key=lambda x: (level(x), x))
+            chosen.append(d)
+            loads[d] += share
+            if grouped:
+                hosts.setdefault(key_head, set()).add(d)
+        out.append(chosen)
+    return out
 
 
 def _checked(

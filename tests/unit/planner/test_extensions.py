@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheroute.planner import PlannerParams, build_plan
+from cacheroute.planner import Destination, PlannerParams, build_plan, reference_build_plan
 from cacheroute.planner.errors import PlannerError
 from cacheroute.planner.kernels import compiled, python_kernels
 from cacheroute.planner.protocol import decode_chunks, encode_plan, plan_from_records
@@ -183,3 +183,47 @@ def test_extensions_survive_the_plan_topic_round_trip() -> None:
     assert (header.params.fair_share, header.params.group_separator) == (1.0, "/")
     back = plan_from_records(header, decode_chunks(header, enc.chunks))
     assert back == plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tenants=st.integers(1, 9),
+    per_tenant=st.integers(1, 15),
+    loners=st.integers(0, 20),
+    q_cap=st.floats(0.2, 30.0),
+    warm_slots=st.integers(0, 12),
+    fair_share=st.sampled_from([None, 0.5, 1.0, 2.0]),
+    tolerance=st.sampled_from([1.0, 1.05, 1.3]),
+    weighted=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_fast_planner_equals_the_reference_with_extensions(  # noqa: PLR0917 - hypothesis inputs
+    tenants: int,
+    per_tenant: int,
+    loners: int,
+    q_cap: float,
+    warm_slots: int,
+    fair_share: float | None,
+    tolerance: float,
+    weighted: bool,
+    seed: int,
+) -> None:
+    """The reference (plain Python) and the fast planner agree bit for bit with both extensions."""
+    rng = np.random.default_rng(seed)
+    keys, rates = tenant_keys(tenants, per_tenant, rng)
+    keys += [f"solo-{i}" for i in range(loners)]
+    rates += rng.lognormal(0.0, 1.0, loners).tolist()
+    dests: list[str | Destination] = (
+        [Destination(f"d{i}", float(1 + i % 3)) for i in range(5)] if weighted else list(DESTS)
+    )
+    params = PlannerParams(
+        q_cap=q_cap,
+        warm_slots=warm_slots,
+        imbalance_tolerance=tolerance,
+        fair_share=fair_share,
+        group_separator="/",
+    )
+    fast = build_plan(keys, rates, dests, params)
+    ref = reference_build_plan(keys, rates, dests, params)
+    fast.validate()
+    assert fast == ref
