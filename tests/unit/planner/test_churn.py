@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -199,22 +201,32 @@ def test_drift_experiment_moves_far_less_than_rebuilding(rates_factory: RatesFac
     st.integers(2, 6),
     st.sampled_from([0.0, 0.1, 0.3]),
     st.sampled_from(["same", "remove", "add"]),
+    st.booleans(),
 )
-def test_re_planning_invariants(seed: int, r: int, h: float, change: str) -> None:
+def test_re_planning_invariants(seed: int, r: int, h: float, change: str, ours: bool) -> None:
+    """`ours`: with fair-share sizing and sibling co-location (keys `t<j>/k<i>`) switched on."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 60))
-    keys = [f"k{i}" for i in range(n)]
+    keys = [f"t{i % 5}/k{i}" if ours else f"k{i}" for i in range(n)]
     rates = rng.lognormal(0, 1.5, n) * rng.choice([0.0, 1.0], n, p=[0.1, 0.9])
     dests = [f"d{i}" for i in range(r)]
+    extensions: dict[str, Any] = {"fair_share": 1.0, "group_separator": "/"} if ours else {}
     params = PlannerParams(
-        q_cap=float(rng.choice([0.5, 2.0, 50.0])), warm_slots=int(rng.integers(0, 6)), hysteresis=h
+        q_cap=float(rng.choice([0.5, 2.0, 50.0])),
+        warm_slots=int(rng.integers(0, 6)),
+        hysteresis=h,
+        **extensions,
     )
     prev = build_plan(keys, rates, dests, params)
     new_dests = {"same": dests, "remove": dests[1:], "add": [*dests, "extra"]}[change]
     new_rates = drift(rates, 0.5, rng)
     for tolerance in (LOOSE, 1.05):
         p = PlannerParams(
-            params.q_cap, params.warm_slots, hysteresis=h, imbalance_tolerance=tolerance
+            params.q_cap,
+            params.warm_slots,
+            hysteresis=h,
+            imbalance_tolerance=tolerance,
+            **extensions,
         )
         new = build_plan(keys, new_rates, new_dests, p, prev=prev)
         new.validate()
