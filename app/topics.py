@@ -147,10 +147,30 @@ def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> list[TopicOut
             )
             for fut in admin.incremental_alter_configs([resource]).values():
                 fut.result(timeout=timeout)
+            _wait_for_configs(admin, spec.name, {k: v for k, (_, v) in diff.items()}, timeout)
             outcome.action = "updated"
             outcome.changes = diff
         outcomes[spec.name] = outcome
     return [outcomes[s.name] for s in specs]
+
+
+def _wait_for_configs(
+    admin: AdminClient, name: str, expected: dict[str, str], timeout: float
+) -> None:
+    """Block until a describe shows the altered configs: KRaft brokers apply them asynchronously,
+    and a caller that reads them back right after `ensure` must see what it asked for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = describe_topic_configs(admin, [name]).get(name, {})
+        if all(now.get(k) == v for k, v in expected.items()):
+            return
+        if time.monotonic() > deadline:
+            raise CacheRouteError(
+                f"topic {name}: configs {expected} were accepted but are still not in effect "
+                f"after {timeout:g} s (now { ({k: now.get(k) for k in expected}) })",
+                retriable=True,
+            )
+        time.sleep(0.1)
 
 
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:

@@ -257,8 +257,11 @@ def _shutdown(
     for c in gateways:  # all at once: each flushes its emitter on SIGTERM
         if c.alive():
             c.proc.terminate()
-    for c in [*gateways, *(c for c in children if c not in gateways)]:
-        c.stop()
+    for c in gateways:  # up to 10 s of emitter flush, then the follower's close, then stats
+        c.stop(timeout=30.0)
+    for c in children:
+        if c not in gateways:
+            c.stop()
     if follower is not None:
         follower.close()
     if not options.keep_topics:

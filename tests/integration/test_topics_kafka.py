@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
@@ -41,6 +43,10 @@ def test_ensure_is_idempotent_and_repairs_drift(settings: Settings) -> None:
     )
     for fut in admin.incremental_alter_configs([drift]).values():
         fut.result(timeout=30)
+    deadline = time.monotonic() + 30  # the broker applies the drift asynchronously
+    while describe_topic_configs(admin, [plans])[plans]["cleanup.policy"] != "delete":
+        assert time.monotonic() < deadline, "the drift never showed up"
+        time.sleep(0.1)
     outcomes = {o.spec.role: o for o in ensure_topics(settings)}
     assert outcomes["plans"].action == "updated"
     assert outcomes["plans"].changes["cleanup.policy"] == ("delete", "compact")
