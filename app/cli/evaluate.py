@@ -427,6 +427,18 @@ _SUITE = (
         workload="whale",
         options=(("spill_factor", 0.0, "--spill-factor 0"), ("policies", "flat-lb,cacheroute", "")),
     ),
+    _Case(
+        "Whale workload, seed 1 (another draw of the same workload)",
+        "whale_seed1",
+        workload="whale",
+        options=(("seed", 1, "--seed 1"), ("policies", "flat-lb,preble,cacheroute", "")),
+    ),
+    _Case(
+        "Whale workload, seed 2 (another draw of the same workload)",
+        "whale_seed2",
+        workload="whale",
+        options=(("seed", 2, "--seed 2"), ("policies", "flat-lb,preble,cacheroute", "")),
+    ),
     _Case("Low-reuse workload (the losing regime)", "low-reuse", workload="low-reuse"),
     _Case("Paper-like workload", "paper", workload="paper"),
     _Case(

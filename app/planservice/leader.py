@@ -130,9 +130,12 @@ class Leadership:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._leader:
             log.warning(
-                "%s lost its group membership (session timed out?): standby; a newer active "
-                "instance fences this one",
+                "%s lost its group membership (its session timed out, e.g. during a broker "
+                "outage): standby until the group assigns %s again, which takes one rejoin if "
+                "no other planner is running; if another one took over, its transactions fence "
+                "this one",
                 self.member,
+                self.topic,
             )
         self._leader = False
         if partitions:
