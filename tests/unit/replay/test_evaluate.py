@@ -97,3 +97,50 @@ def test_where_cacheroute_does_not_win_is_computed(small_eval: Evaluation) -> No
     assert sum(i.startswith("Criterion not met") for i in items) == len(failing)
     if small_eval.simulation_verdict != "win":
         assert any("simulation says" in i for i in items)
+
+
+def test_a_policy_serving_the_top_load_is_swept_further(workload_factory: WorkloadFactory) -> None:
+    q = workload_factory("whale", requests=3000, keys=300)
+    low = (0.05, 0.1)  # far below the knee: every policy passes both loads
+    capped = evaluate(
+        q,
+        EvalConfig(
+            policies=("flat-lb", "cacheroute"),
+            sim=SimConfig(destinations=5),
+            load_factors=low,
+            refine_steps=1,
+            extend_steps=0,
+        ),
+    )
+    for p in capped.policies.values():
+        assert len(p.sweep) == 2
+        assert p.capacity_is_lower_bound
+        assert p.slo_capacity_qps == pytest.approx(p.sweep[-1].offered_qps)
+    extended = evaluate(
+        q,
+        EvalConfig(
+            policies=("flat-lb", "cacheroute"),
+            sim=SimConfig(destinations=5),
+            load_factors=low,
+            refine_steps=1,
+            extend_steps=2,
+        ),
+    )
+    for name, p in extended.policies.items():
+        loads = [m.offered_qps for m in p.sweep]
+        assert len(loads) == 4  # two x1.2 steps past the top
+        assert loads[2] == pytest.approx(1.2 * loads[1])
+        assert p.slo_capacity_qps >= capped.policies[name].slo_capacity_qps
+        assert (
+            p.to_dict(extended.config.slo_metric, extended.config.slo_ms)[
+                "slo_capacity_is_lower_bound"
+            ]
+            == p.capacity_is_lower_bound
+        )
+
+
+def test_bad_extension_settings_are_refused() -> None:
+    with pytest.raises(ReplayError, match="spill_factor"):
+        EvalConfig(spill_factor=0.5)
+    with pytest.raises(ReplayError, match="fair_share"):
+        EvalConfig(fair_share=0.0)
