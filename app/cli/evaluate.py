@@ -370,8 +370,9 @@ win: see "Where CacheRoute does not win" below, computed from the runs.
 Method in one paragraph: each run measures the knee of one replica (an affinity-like slice of the
 workload on R/5 replicas, load raised until p99 TTFT leaves the SLO) and uses it as `q_cap`;
 sweeps every policy over offered loads (the replay time-compressed to each load; traces are also
-tiled); takes the SLO capacity as the highest load whose p99 stays under the SLO (bisection
-between sweep points); quotes hit rate, imbalance and p99 at the reference load (the highest sweep
+tiled; a policy still within the SLO at the top load goes on in x1.2 steps until it fails);
+takes the SLO capacity as the highest load whose p99 stays under the SLO (bisection between sweep
+points); quotes hit rate, imbalance and p99 at the reference load (the highest sweep
 load Flat-LB still serves); and runs the workload-only diagnostic. Plans are rebuilt 15 times per
 replay from the per-key rates observed so far (no oracle). The first 20% of each replay is warm-up
 and not measured.

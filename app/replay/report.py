@@ -38,6 +38,12 @@ def _qps(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.0f}"
 
 
+def _ratio(x: float) -> str:
+    """A ratio as `1.23x`; three decimals near the 0.90 / 1.10 verdict bounds (1.096 is a tie)."""
+    two = f"{x:.2f}"
+    return f"{x:.3f}x" if two in ("0.90", "1.10") and x not in (0.9, 1.1) else f"{two}x"
+
+
 def _cap(p: PolicyReport) -> str:
     """SLO capacity; `>= x` when the policy still served the highest load that was run."""
     return f"{'>= ' if p.capacity_is_lower_bound else ''}{_qps(p.slo_capacity_qps)}"
@@ -99,7 +105,7 @@ def render_run(ev: Evaluation, plots: Mapping[str, str], *, title: str, level: i
         f"(eviction horizons {d.horizon_affinity_s:.0f} s / {d.horizon_spread_s:.0f} s), "
         f"predicted capacity gain {d.predicted_gain:.2f}x, {_pct(d.pinned_share)} of requests "
         "from recurring keys.",
-        f"Simulation: CacheRoute / Flat-LB capacity {ev.capacity_ratio:.2f}x, p99 at the "
+        f"Simulation: CacheRoute / Flat-LB capacity {_ratio(ev.capacity_ratio)}, p99 at the "
         f"reference load {ev.p99_ratio:.2f}x -> **{ev.simulation_verdict}**. The diagnostic "
         f"{'agrees' if ev.agree else 'DISAGREES'} with the simulation.",
         f"Recommendation: **{ev.recommendation}** (deploy only if capacity and p99 both beat "
@@ -232,7 +238,7 @@ def evidence_checks(whale: Evaluation | None, low: Evaluation | None) -> list[Ch
         out.append(
             Check(
                 "low-reuse: recommendation is `keep flat-lb`",
-                f"{low.recommendation} (capacity ratio {low.capacity_ratio:.2f}x)",
+                f"{low.recommendation} (capacity ratio {_ratio(low.capacity_ratio)})",
                 low.recommendation == "keep flat-lb",
             )
         )
@@ -258,7 +264,7 @@ def not_winning(runs: Sequence[EvidenceRun], checks: Sequence[Check]) -> list[st
         if ev.simulation_verdict != "win":
             items.append(
                 f"{run.title}: simulation says **{ev.simulation_verdict}** (capacity "
-                f"{ev.capacity_ratio:.2f}x Flat-LB); recommendation `{ev.recommendation}`."
+                f"{_ratio(ev.capacity_ratio)} Flat-LB); recommendation `{ev.recommendation}`."
             )
         better = [
             f"`{n}` ({_cap(p)} vs {_qps(cr)} req/s)"
@@ -271,7 +277,7 @@ def not_winning(runs: Sequence[EvidenceRun], checks: Sequence[Check]) -> list[st
             items.append(
                 f"{run.title}: the diagnostic ({ev.diagnostic.verdict}, predicted "
                 f"{ev.diagnostic.predicted_gain:.2f}x) disagrees with the simulation "
-                f"({ev.simulation_verdict}, {ev.capacity_ratio:.2f}x)."
+                f"({ev.simulation_verdict}, {_ratio(ev.capacity_ratio)})."
             )
     items += [f"Criterion not met - {c.claim}: {c.measured}." for c in checks if not c.holds]
     return items
@@ -295,7 +301,7 @@ def render_evidence(
         ev = run.evaluation
         lines.append(
             f"| {run.title} | {ev.diagnostic.verdict} | {ev.simulation_verdict} | "
-            f"{'yes' if ev.agree else 'no'} | {ev.capacity_ratio:.2f}x | {ev.recommendation} |"
+            f"{'yes' if ev.agree else 'no'} | {_ratio(ev.capacity_ratio)} | {ev.recommendation} |"
         )
     lines += ["", "### Where CacheRoute does not win", ""]
     lines += [f"- {item}" for item in not_winning(runs, checks)] or ["- nowhere in these runs"]
