@@ -227,24 +227,17 @@ class Router:
         """The destination index for `key` (see the module docstring for the rules)."""
         table = self.table
         if table is not None and not self.stale:
-            one = table.shards[hash(key) & SHARD_MASK].get(key)
-            if one is not None:
-                if self.up[one]:
-                    load = self.inflight[one]
-                    f = self.spill_factor
-                    if (
-                        load >= self.spill_min_inflight
-                        and f is not None
-                        and load * len(self.live) >= f * (self.total_inflight + 1)
-                    ):
-                        self.counts[6] += 1
-                        return self._p2c()
-                    self.counts[0] += 1
-                    return one
-                self.counts[2] += 1
-                return self._p2c()
-            members = table.multi.get(key)
-            if members is not None:
+            best = table.shards[hash(key) & SHARD_MASK].get(key)
+            if best is not None:  # single-replica key (the common case)
+                if self.up[best]:
+                    load = self.inflight[best]
+                else:
+                    best = -1
+            else:
+                members = table.multi.get(key)
+                if members is None:
+                    self.counts[1] += 1
+                    return self._p2c()
                 up = self.up
                 inflight = self.inflight
                 best = -1
@@ -253,21 +246,20 @@ class Router:
                     if up[m] and (best < 0 or inflight[m] < load):
                         best = m
                         load = inflight[m]
-                if best >= 0:
-                    f = self.spill_factor
-                    if (
-                        load >= self.spill_min_inflight
-                        and f is not None
-                        and load * len(self.live) >= f * (self.total_inflight + 1)
-                    ):
-                        self.counts[6] += 1
-                        return self._p2c()
-                    self.counts[0] += 1
-                    return best
+            if best < 0:
                 self.counts[2] += 1
-            else:
-                self.counts[1] += 1
-        elif table is None:
+                return self._p2c()
+            f = self.spill_factor
+            if (
+                load >= self.spill_min_inflight
+                and f is not None
+                and load * len(self.live) >= f * (self.total_inflight + 1)
+            ):
+                self.counts[6] += 1
+                return self._p2c()
+            self.counts[0] += 1
+            return best
+        if table is None:
             self.counts[4] += 1
         else:
             self.counts[3] += 1
