@@ -90,11 +90,10 @@ class _Planned(Policy):
             control_interval_s=cfg.control_interval_s,
             imbalance_tolerance=cfg.imbalance_tolerance,
             hysteresis=cfg.hysteresis,
-            fair_share=cfg.fair_share,
-            group_separator=cfg.group_separator,
+            # Algorithm 1's sizing and plain LPT unless this policy runs our extensions
+            fair_share=cfg.fair_share if self.extensions else None,
+            group_separator=cfg.group_separator if self.extensions else None,
         )
-        self.paper_params = replace(self.params, fair_share=None, group_separator=None)
-        """Algorithm 1's sizing and plain LPT: what the ablation steps before `cacheroute` use."""
         self.window_start = 0
         self.counts: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
         self.plan: Plan | None = None
@@ -194,7 +193,7 @@ class Affinity(_Planned):
     name = "affinity"
 
     def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
-        params = replace(self.paper_params, q_cap=_HUGE_Q_CAP)
+        params = replace(self.params, q_cap=_HUGE_Q_CAP)
         return build_plan(keys, rates, self.ctx.names, params, created_ms=created_ms)
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
@@ -208,7 +207,7 @@ class AffinityReplication(_Planned):
     name = "affinity+replication"
 
     def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
-        return build_plan(keys, rates, self.ctx.names, self.paper_params, created_ms=created_ms)
+        return build_plan(keys, rates, self.ctx.names, self.params, created_ms=created_ms)
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
         order = self.hrw(plan)
@@ -245,8 +244,3 @@ class PaperLPT(CacheRoute):
 
     name = "affinity+replication+lpt"
     extensions = False
-
-    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
-        return build_plan(
-            keys, rates, self.ctx.names, self.paper_params, prev=self.plan, created_ms=created_ms
-        )
