@@ -2,8 +2,8 @@
 
 It wraps the pure `Router` with the parts that touch time and threads: applying new plan versions
 (built off the routing path, swapped in with one reference assignment), the staleness rule (a plan
-older than `staleness_intervals` control intervals -> power-of-two-choices for everything, with one
-log line per transition), optional health checks, and metrics. The Kafka subscription that feeds
+older than `staleness_intervals` control intervals -> the cold path for everything, with one log
+line per transition), optional health checks, and metrics. The Kafka subscription that feeds
 `apply_plan` is `follow()` (see dispatcher/subscription.py); tests and simulators call `apply_plan`
 directly.
 """
@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cacheroute.dispatcher.routing import (
+    DEFAULT_COLD_LOAD_FACTOR,
     DEFAULT_SPILL_FACTOR,
     DEFAULT_SPILL_MIN_INFLIGHT,
     PlanLike,
@@ -56,6 +57,12 @@ class DispatcherConfig:
     spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
     """...once it has at least this many requests in flight from this gateway. With G gateways in
     front of engines that batch B sequences, about B / G is a good value."""
+    cold_affinity: bool = True
+    """Keys the plan does not admit go by bounded-load consistent hashing, the same ring on every
+    gateway, so a new conversation keeps its replica before any plan admits it. False: the
+    paper's power-of-two-choices."""
+    cold_load_factor: float = DEFAULT_COLD_LOAD_FACTOR
+    """The cold path's load bound as a multiple of the mean in-flight count (CHWBL's c)."""
 
 
 class Dispatcher:
@@ -78,6 +85,8 @@ class Dispatcher:
             rng=rng or random.Random(),  # noqa: S311
             spill_factor=self.config.spill_factor,
             spill_min_inflight=self.config.spill_min_inflight,
+            cold_affinity=self.config.cold_affinity,
+            cold_load_factor=self.config.cold_load_factor,
         )
         self.clock = clock
         self.health_check = health_check
@@ -96,18 +105,27 @@ class Dispatcher:
         self.route_index = self.router.route_index
         self.acquire = self.router.acquire
         self.release = self.router.release
-        log.warning("no plan yet: routing everything by power-of-two-choices")
+        log.warning(
+            "no plan yet: routing everything by %s",
+            "bounded-load consistent hashing"
+            if self.config.cold_affinity
+            else "power-of-two-choices",
+        )
 
     # ------------------------------------------------------------------------------ routing
     @contextmanager
-    def request(self, key: str) -> Iterator[str]:
-        """Route `key`, count it in flight for the duration of the block, yield the destination."""
+    def request(self, key: str, units: int = 1) -> Iterator[str]:
+        """Route `key`, count it in flight for the duration of the block, yield the destination.
+
+        `units` is the request's load: 1 balances request counts; a gateway that knows the prompt
+        length passes e.g. 1 + prompt_tokens // 512, so a long prompt weighs what it costs.
+        """
         i = self.router.route_index(key)
-        self.router.acquire(i)
+        self.router.acquire(i, units)
         try:
             yield self.router.names[i]
         finally:
-            self.router.release(i)
+            self.router.release(i, units)
 
     def mark_down(self, name: str) -> None:
         """Exclude a destination at once (unknown names are logged once and ignored)."""
@@ -163,14 +181,14 @@ class Dispatcher:
                 self._warn_once(
                     f"unknown:{name}",
                     "plan v%d names destination %r that this gateway does not know; its keys "
-                    "use their other replicas or power-of-two-choices",
+                    "use their other replicas or the cold path",
                     table.version,
                     name,
                 )
             for name in sorted(table.unplanned_destinations):
                 self._warn_once(
                     f"unplanned:{name}",
-                    "destination %r is not in plan v%d; it only takes power-of-two-choices traffic",
+                    "destination %r is not in plan v%d; it only takes cold-path traffic",
                     name,
                     table.version,
                 )
@@ -191,8 +209,8 @@ class Dispatcher:
         if mode != self._mode:
             if stale:
                 log.warning(
-                    "plan v%d is %.0f s old (limit %.0f s): routing everything by "
-                    "power-of-two-choices until a fresh plan arrives",
+                    "plan v%d is %.0f s old (limit %.0f s): routing everything by the cold "
+                    "path (no plan) until a fresh plan arrives",
                     table.version,
                     age,
                     limit,

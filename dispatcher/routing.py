@@ -6,17 +6,24 @@ selection order. `Router` holds the live table behind ONE reference, so a new pl
 with a single assignment (atomic under the GIL) and a route() call sees either the old or the new
 table, never a mix.
 
-The rules (the paper's dispatch step and its fallbacks):
-- admitted key -> the least-loaded live member of T(b) by this gateway's in-flight count (ties: the
-  earlier member in T(b), i.e. the planner's selection order);
+The rules (the paper's dispatch step, our extensions and the fallbacks):
+- admitted key -> the least-loaded live member of T(b) by this gateway's in-flight count; ties are
+  broken at random, so a key's replicas share its traffic as planned even when a gateway holds few
+  requests in flight (with many gateways, the normal case: every count is 0 most of the time);
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
-  request, CHWBL's bound) and at least `spill_min_inflight` (16) -> power-of-two-choices, counted
-  as `spilled`. A plan balances request
+  request, CHWBL's bound) and at least `spill_min_inflight` (16) -> the cold path below (so the
+  spilled requests of one key still meet on one replica), counted as `spilled`. A plan balances request
   *rates* over a control interval; the work per request still varies (cache misses, prompt
   lengths, bursts), and a planned key must not pile a queue onto one replica in the meantime;
-- any other key, an admitted key whose whole T(b) is down, no plan yet, or a plan older than the
-  staleness limit -> power-of-two-choices over live destinations;
+- any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
+  no plan yet, or a plan older than the staleness limit -> the **cold path**: consistent hashing
+  with bounded loads (`cold_affinity`, our extension; CHWBL, Mirrokni et al. 2018): walk a hash
+  ring of the destination names from the key's point and take the first live destination whose
+  in-flight count is below ceil(`cold_load_factor` x (in flight + 1) / live). The ring depends only
+  on the names, so every gateway sends a new conversation's turns to the same replica without
+  coordination, and a key moves only when its home is down or overloaded. With
+  `cold_affinity=False` the cold path is the paper's power-of-two-choices;
 - every destination down -> power-of-two-choices over all of them (a request is never refused).
 
 Hot-path notes: decisions use plain lists and ints (no numpy scalars, no locks on reads, no
@@ -25,6 +32,8 @@ metrics objects); counters are plain ints exported on scrape.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import logging
 import math
 import random
@@ -106,6 +115,17 @@ DEFAULT_SPILL_FACTOR = 2.0
 DEFAULT_SPILL_MIN_INFLIGHT = 16
 """...as long as it has at least this many in flight from this gateway: a serving engine runs
 dozens of sequences in one batch, so a handful in flight is no queue, only noise."""
+DEFAULT_COLD_LOAD_FACTOR = 1.25
+"""The cold path's bound, as CHWBL's c: no destination takes a cold key above 1.25x the mean."""
+RING_VNODES = 160
+"""Points per destination on the cold path's ring (blake2b of `name#j`)."""
+_COLD_CACHE_KEYS = 1 << 16
+"""Ring positions of recent cold keys kept per router (the cache is cleared when full)."""
+
+
+def ring_hash(text: str) -> int:
+    """The stable 64-bit hash of the cold-path ring (the same in every process and gateway)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True)
@@ -201,6 +221,9 @@ class Router:
     """Overload bound for planned routes, as a multiple of the mean in-flight count (None: off)."""
     spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
     """Below this many in-flight requests a destination is never overloaded (engines batch them)."""
+    cold_affinity: bool = True
+    """Cold keys by bounded-load consistent hashing (False: power-of-two-choices, the paper)."""
+    cold_load_factor: float = DEFAULT_COLD_LOAD_FACTOR
 
     def __post_init__(self) -> None:
         if not self.destinations:
@@ -213,6 +236,8 @@ class Router:
             raise DispatchError(f"spill_min_inflight must be >= 1, got {self.spill_min_inflight}")
         if len(set(self.destinations)) != len(self.destinations):
             raise DispatchError("destination names must be distinct")
+        if not (math.isfinite(self.cold_load_factor) and self.cold_load_factor >= 1.0):
+            raise DispatchError(f"cold_load_factor must be >= 1, got {self.cold_load_factor!r}")
         self.names: list[str] = list(self.destinations)
         self.index: dict[str, int] = {d: i for i, d in enumerate(self.names)}
         self.inflight: list[int] = [0] * len(self.names)
@@ -221,6 +246,14 @@ class Router:
         self.counts: list[int] = [0] * len(RouteKind.NAMES)
         self.total_inflight = 0
         self._lock = threading.Lock()
+        ring = sorted(
+            (ring_hash(f"{name}#{j}"), i)
+            for i, name in enumerate(self.names)
+            for j in range(RING_VNODES)
+        )
+        self._ring_points: list[int] = [p for p, _ in ring]
+        self._ring_owners: list[int] = [o for _, o in ring]
+        self._cold_start: dict[str, tuple[int, int]] = {}
 
     # --------------------------------------------------------------------------- decisions
     def route_index(self, key: str) -> int:
@@ -237,18 +270,11 @@ class Router:
                 members = table.multi.get(key)
                 if members is None:
                     self.counts[1] += 1
-                    return self._p2c()
-                up = self.up
-                inflight = self.inflight
-                best = -1
-                load = 0
-                for m in members:
-                    if up[m] and (best < 0 or inflight[m] < load):
-                        best = m
-                        load = inflight[m]
+                    return self._cold(key)
+                best, load = self._least_loaded(members)
             if best < 0:
                 self.counts[2] += 1
-                return self._p2c()
+                return self._cold(key)
             f = self.spill_factor
             if (
                 load >= self.spill_min_inflight
@@ -256,18 +282,67 @@ class Router:
                 and load * len(self.live) >= f * (self.total_inflight + 1)
             ):
                 self.counts[6] += 1
-                return self._p2c()
+                return self._cold(key)
             self.counts[0] += 1
             return best
         if table is None:
             self.counts[4] += 1
         else:
             self.counts[3] += 1
-        return self._p2c()
+        return self._cold(key)
+
+    def _least_loaded(self, members: tuple[int, ...]) -> tuple[int, int]:
+        """(member, its load): the least loaded live member, uniform among ties (-1: none up)."""
+        up = self.up
+        inflight = self.inflight
+        best = -1
+        load = 0
+        ties = 0
+        for m in members:
+            if up[m]:
+                here = inflight[m]
+                if best < 0 or here < load:
+                    best = m
+                    load = here
+                    ties = 1
+                elif here == load:  # reservoir sampling: each tied member with p = 1 / ties
+                    ties += 1
+                    if self.rng.random() * ties < 1.0:
+                        best = m
+        return best, load
 
     def route(self, key: str) -> str:
         """The destination name for `key`."""
         return self.names[self.route_index(key)]
+
+    def _cold(self, key: str) -> int:
+        """The cold path: bounded-load consistent hashing (or P2C without `cold_affinity`)."""
+        if not self.cold_affinity:
+            return self._p2c()
+        live = self.live
+        if not live:
+            return self._p2c()
+        bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
+        up, inflight = self.up, self.inflight
+        seen = self._cold_start.get(key)
+        if seen is None:
+            if len(self._cold_start) >= _COLD_CACHE_KEYS:
+                self._cold_start.clear()
+            start = bisect.bisect_left(self._ring_points, ring_hash(key))
+        else:
+            start, last = seen
+            # where this gateway sent the key last holds its freshest prefix: stay while it may
+            if up[last] and inflight[last] < bound:
+                return last
+        # a destination may take the key while below ceil(c * (in flight + 1) / live)
+        owners = self._ring_owners
+        n = len(owners)
+        for j in range(start, start + n):
+            d = owners[j % n]
+            if up[d] and inflight[d] < bound:
+                self._cold_start[key] = (start, d)
+                return d
+        return self._p2c()  # unreachable while the counts are consistent: the mean is below
 
     def _p2c(self) -> int:
         live = self.live
@@ -289,18 +364,23 @@ class Router:
         return a if self.inflight[a] <= self.inflight[b] else b
 
     # --------------------------------------------------------------------------- in-flight
-    def acquire(self, index: int) -> None:
-        """A request was sent to destination `index`."""
-        with self._lock:
-            self.inflight[index] += 1
-            self.total_inflight += 1
+    def acquire(self, index: int, units: int = 1) -> None:
+        """A request was sent to destination `index`; it counts `units` of load until released.
 
-    def release(self, index: int) -> None:
-        """A request to destination `index` finished (never goes below zero)."""
+        One unit per request balances request counts. A gateway that knows what a request costs
+        (for example its prompt length in blocks) passes that instead, and every rule above then
+        balances work: a long prompt weighs what it costs the replica.
+        """
         with self._lock:
-            if self.inflight[index] > 0:
-                self.inflight[index] -= 1
-                self.total_inflight -= 1
+            self.inflight[index] += units
+            self.total_inflight += units
+
+    def release(self, index: int, units: int = 1) -> None:
+        """A request to destination `index` finished (its `units`; never goes below zero)."""
+        with self._lock:
+            take = min(units, self.inflight[index])
+            self.inflight[index] -= take
+            self.total_inflight -= take
 
     # ---------------------------------------------------------------------------- liveness
     def mark_down(self, name: str) -> bool:

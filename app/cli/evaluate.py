@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import orjson
 from rich.console import Console
 from rich.progress import (
@@ -29,7 +30,14 @@ from rich.progress import (
 from rich.table import Table
 
 from cacheroute.replay.errors import ReplayError
-from cacheroute.replay.evaluate import EvalConfig, Evaluation, evaluate
+from cacheroute.replay.evaluate import (
+    AUTO_SLO_MULTIPLE,
+    DEFAULT_SLO_MS,
+    EvalConfig,
+    Evaluation,
+    evaluate,
+)
+from cacheroute.replay.fleet import DEALS, FleetConfig
 from cacheroute.replay.metrics import SLO_METRICS
 from cacheroute.replay.policies import POLICY_NAMES
 from cacheroute.replay.report import (
@@ -39,6 +47,7 @@ from cacheroute.replay.report import (
     render_evidence,
     render_run,
 )
+from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig
 from cacheroute.replay.sources import SourceSpec, load_source
@@ -101,10 +110,43 @@ def _ints(text: str | None) -> tuple[int, ...]:
         raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _slo(value: object) -> tuple[float, bool]:
+    """--slo-ms: "auto" -> (the default, auto); a number (also from the evidence suite) -> given."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return DEFAULT_SLO_MS, True
+    try:
+        ms = float(value)  # type: ignore[arg-type]  # click passes str, the suite a float
+    except ValueError:
+        raise click.BadParameter(
+            f"--slo-ms: expected milliseconds or 'auto', got {value!r}"
+        ) from None
+    return ms, False
+
+
 @dataclass(frozen=True, slots=True)
 class _Run:
     source: SourceSpec
     config: EvalConfig
+
+
+KNEE_SEED_OFFSET = 1000
+
+
+def _held_out(source: SourceSpec, requests: RequestSet) -> tuple[RequestSet | None, str]:
+    """The knee's held-out requests: the same source with seed + 1000 (None if that changes
+    nothing, e.g. an untiled Mooncake trace, which takes no randomness), and their description."""
+    seed = source.seed + KNEE_SEED_OFFSET
+    knee = load_source(replace(source, seed=seed))
+    if (
+        knee.n == requests.n
+        and np.array_equal(knee.times, requests.times)
+        and np.array_equal(knee.prompt_tokens, requests.prompt_tokens)
+        and knee.keys == requests.keys
+    ):
+        return None, ""
+    if source.trace is not None:
+        return knee, f"the same trace re-drawn with seed {seed} (same prompts, other tiling)"
+    return knee, f"seed {seed} of the same workload (held out)"
 
 
 def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
@@ -112,7 +154,15 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     with _bars(console) as bars:
         bars.stage("loading the workload", 1)
         requests = load_source(run.source)
-        result = evaluate(requests, run.config, workload_info=run.source.describe(), reporter=bars)
+        knee, note = _held_out(run.source, requests)
+        result = evaluate(
+            requests,
+            run.config,
+            workload_info=run.source.describe(),
+            reporter=bars,
+            knee_requests=knee,
+            knee_note=note,
+        )
     wall = time.perf_counter() - start
     timing = {
         "wall_s": wall,
@@ -154,7 +204,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
 @click.option("--rate", default=100.0, show_default=True, help="Base rate of synthetic workloads.")
 @click.option("--cv", default=1.0, show_default=True, help="Arrival CV (gamma when != 1).")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--slo-ms", default=2000.0, show_default=True)
+@click.option(
+    "--slo-ms",
+    default="auto",
+    show_default=True,
+    help=f"p99 SLO in ms, or auto: {DEFAULT_SLO_MS:g} unless {AUTO_SLO_MULTIPLE:g} x an idle "
+    "replica's p99 exceeds it, then that (rounded up).",
+)
 @click.option("--slo-metric", type=click.Choice(SLO_METRICS), default="ttft", show_default=True)
 @click.option("--q-cap", type=float, help="[default: the measured knee of one replica]")
 @click.option(
@@ -183,6 +239,46 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     show_default=True,
     type=click.FloatRange(min=0),
     help="cacheroute: spill planned requests past this x mean in-flight; 0: never.",
+)
+@click.option(
+    "--gateways",
+    "-G",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Gateways; each routes its share with only its own state (plans are shared).",
+)
+@click.option(
+    "--deal",
+    type=click.Choice(DEALS),
+    default="round-robin",
+    show_default=True,
+    help="How requests reach gateways: round-robin (an L4 balancer) or by client (key hash).",
+)
+@click.option(
+    "--plan-delay-s",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Replay seconds from a plan's build until every gateway routes by it.",
+)
+@click.option(
+    "--seeds",
+    type=click.IntRange(1, 64),
+    help="Repeat over seeds 0..N-1; capacities are the mean (with _min/_max), verdicts use it.",
+)
+@click.option(
+    "--work-unit-tokens",
+    default=512,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="cacheroute: a request weighs 1 + prompt tokens // this in flight; 0: 1 per request.",
+)
+@click.option(
+    "--cold-affinity/--no-cold-affinity",
+    default=True,
+    show_default=True,
+    help="cacheroute: keys no plan admits go by bounded-load consistent hashing (else P2C).",
 )
 @click.option("--cluster-sizes", help="Also sweep R at a fixed load, e.g. 8,30,60.")
 @click.option("--cluster-load", type=float, help="Load of that sweep [default: reference load].")
@@ -261,11 +357,13 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
         tile=opts["tile"],
         limit=opts["limit"],
     )
+    slo_ms, slo_auto = _slo(opts["slo_ms"])
     try:
         config = EvalConfig(
             policies=_policies(opts["policies"]),
             sim=SimConfig(destinations=opts["destinations"], service=service, seed=opts["seed"]),
-            slo_ms=opts["slo_ms"],
+            slo_ms=slo_ms,
+            slo_auto=slo_auto,
             slo_metric=opts["slo_metric"],
             refine_steps=2 if quick else 3,
             q_cap=opts["q_cap"],
@@ -277,8 +375,13 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
             fair_share=opts["fair_share"] or None,
             group_separator=opts["group_separator"] or None,
             spill_factor=opts["spill_factor"] or None,
+            cold_affinity=opts["cold_affinity"],
+            work_unit_tokens=opts["work_unit_tokens"] or None,
             cluster_sizes=_ints(opts["cluster_sizes"]),
             cluster_load_qps=opts["cluster_load"],
+            fleet=FleetConfig(
+                gateways=opts["gateways"], deal=opts["deal"], plan_delay_s=opts["plan_delay_s"]
+            ),
         )
     except ReplayError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -34,7 +34,7 @@ class FlatLB(Policy):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        self.router = Router(ctx.names, rng=ctx.random(1))
+        self.router = Router(ctx.names, rng=ctx.random(1), cold_affinity=False)
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys
 
@@ -43,7 +43,7 @@ class FlatLB(Policy):
         self.router.acquire(d)
         return d
 
-    def release(self, d: int) -> None:
+    def release(self, d: int, i: int) -> None:
         self.router.release(d)
 
 
@@ -128,7 +128,7 @@ class Chwbl(Policy):
         self.total += 1
         return d
 
-    def release(self, d: int) -> None:
+    def release(self, d: int, i: int) -> None:
         self.inflight[d] -= 1
         self.total -= 1
 

@@ -16,7 +16,13 @@ balance_abs_threshold 32, balance_rel_threshold 1.0001):
     more than `rebalance_s` seconds of work above it (Preble's load rebalancing), then explore;
   * explore: send it where load + the prefill cost of the missing tokens is smallest;
   * load = estimated GPU seconds (prefill of the missing tokens + decode) of the requests sent to
-    a destination, decayed with time constant `window_s` (Preble keeps a window of history).
+    a destination, decayed with time constant `window_s` (Preble keeps a window of history). The
+    decode part charges the *expected* output length - a router cannot know a request's own - as
+    an exponentially weighted mean (weight `output_weight`) of the output lengths of the requests
+    routed so far, starting from `output_prior` (128 tokens) and updated only after each routing
+    decision, so a request's own length never enters its own charge. (A real router learns a
+    length when the response completes; `release` does not say which request that was, so the
+    mean is fed at routing time instead - it runs slightly ahead of what a router could know.)
   Preble's prefix autoscaling and priority queues are not modelled.
 Both use the same router-side `PrefixIndex`; neither sees the replicas' real caches.
 """
@@ -114,12 +120,17 @@ class Preble(_PrefixPolicy):
         window_s: float = 10.0,
         rebalance: float = 1.5,
         rebalance_s: float = 1.0,
+        output_prior: float = 128.0,
+        output_weight: float = 0.05,
     ) -> None:
         super().__init__(ctx)
         s = ctx.service
         self.window_s = window_s
         self.rebalance = rebalance
         self.rebalance_s = rebalance_s
+        self.output_weight = output_weight
+        self.mean_output = output_prior
+        """Expected output tokens of the next request (EWMA over the requests routed so far)."""
         self.load = [0.0] * ctx.destinations
         self.last_t = 0.0
         # decode seconds per output token at a typical batch of 16 (profiled in Preble)
@@ -163,7 +174,9 @@ class Preble(_PrefixPolicy):
                     best_cost, d = cost, c
             self.counts["explore"] += 1
         cached = min(lengths[d] * bt, p - 1)
-        load[d] += self._prefill(p - cached, cached) + self.output[i] * self.decode_token_s
+        load[d] += self._prefill(p - cached, cached) + self.mean_output * self.decode_token_s
+        # only now, after the charge: a request's own length never prices itself (module doc)
+        self.mean_output += self.output_weight * (self.output[i] - self.mean_output)
         self.index.insert(d, blocks)
         self.inflight[d] += 1
         return d
@@ -173,5 +186,7 @@ class Preble(_PrefixPolicy):
             "window_s": self.window_s,
             "rebalance": self.rebalance,
             "rebalance_s": self.rebalance_s,
+            "output_weight": self.output_weight,
+            "mean_output_tokens": self.mean_output,
             "decisions": dict(self.counts),
         }

@@ -8,8 +8,9 @@ event lies after the time of interest is left alone (lazy), so advancing the who
 next arrival costs O(R) comparisons plus the work of the events that really happen.
 
 The simulator calls `engine_step` once per request: submit request i to replica d at its arrival
-time, then advance every replica to the next arrival and report which replicas finished requests
-(the gateway's in-flight counts must see completions before the next routing decision).
+time, then advance every replica to the next arrival and report which requests finished (the
+in-flight counts of the gateway that sent each one must see its completion before the next
+routing decision).
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def _advance(  # noqa: PLR0917 - one flat event loop
             out_f[req, 2] = te
             si[d, slot, _REQ] = -1
             di[d, _RUN] -= 1
-            comp[ncomp] = d
+            comp[ncomp] = req
             ncomp += 1
             while di[d, _RUN] < m and di[d, _QLEN] > 0:
                 nxt = di[d, _QHEAD]
@@ -260,7 +261,7 @@ def engine_step(  # noqa: PLR0917 - one call per request: flat state keeps it ch
 ) -> int:
     """Submit request i to replica d at its arrival, advance all replicas to t_next.
 
-    Returns how many requests finished (their replicas are in comp[:count]).
+    Returns how many requests finished (their indices are in comp[:count]; replica = out_i[., 0]).
     """
     ncomp = 0
     t = times[i]
@@ -360,7 +361,7 @@ class Engine:
         )
 
     def step(self, i: int, d: int, t_next: float) -> int:
-        """Submit request i to replica d and advance to t_next; completions are in comp[:count]."""
+        """Submit request i to replica d and advance to t_next; finished requests are comp[:count]."""
         q, c = self.requests, self.cache
         return engine_step(
             i, d, t_next, q.times, self.df, self.di, self.sf, self.si, self.qnext,

@@ -1,10 +1,29 @@
 """Shadow evaluation: every policy over a load sweep, SLO capacity, the diagnostic and a verdict.
 
 Steps (all deterministic for a seed; no clock - the shell times it):
+  0. **SLO** - given (`slo_auto=False`, `--slo-ms X`), or auto (the default): measure the p99 of
+     the SLO metric on an *idle* replica - the workload on one replica, its arrivals spaced so
+     that each finds the replica empty (pure service time, cache hits included) - and the knee's
+     slice on its R/5 replicas at the lowest load the knee search may use (each replica busy 0.1%
+     of the time; a trace's simultaneous arrivals still queue there); with `idle` the larger,
+         SLO = slo_ms (2000 ms)                      if 2.5 x idle <= slo_ms,
+         SLO = 2.5 x idle, rounded UP to two significant figures (20,750 -> 21,000 ms) otherwise.
+     Why 2.5x: the knee is where queueing pushes p99 past the SLO, so the multiple is how much
+     queueing the SLO allows on top of the pure service tail - at 2.5x, 1.5 idle p99s. At 2x or
+     less one long prompt queued behind another already breaks it (the knee then measures burst
+     luck, not capacity); at the ~5-6x the 2 s default gives the synthetic workloads (idle p99
+     0.34-0.41 s) a long-context trace would get SLOs of a minute or more. The same factor is
+     the headroom test, so the rule is continuous: SLO = max(2000 ms, 2.5 x idle, rounded up).
+     The Mooncake arXiv trace (85k-token prefills take ~8 s) gets 22-23 s instead of "no load
+     meets the SLO"; the knee search never halves below the slice's measured load, which passes by
+     construction, so with auto it always finds a load.
   1. **knee** - the capacity of one replica: an affinity-like slice of the workload (the keys whose
      rendezvous home is one of the first R/5 replicas, none heavier than a replica's share) on R/5
      replicas, load raised until p99 leaves the SLO. It is `q_cap` unless one is given (the paper
-     measures q_cap the same way: the QPS where tail latency explodes).
+     measures q_cap the same way: the QPS where tail latency explodes). `evaluate(knee_requests=)`
+     measures it on held-out requests (the CLI: the same source with seed + 1000) so that q_cap
+     is not tuned on the requests it is evaluated on; without them it is measured on the
+     evaluated requests, and `plan.q_cap_source` says which.
   2. **sweep** - each policy at offered loads `load_factors` x R x knee (requests/s; the replay is
      time-compressed to each load). A policy stops after two failing loads in a row; one that
      still serves the top load goes on in x1.2 steps (at most `extend_steps`) until it fails.
@@ -17,7 +36,9 @@ Steps (all deterministic for a seed; no clock - the shell times it):
      recommendation `deploy` only if CacheRoute beats Flat-LB on both capacity (>= 1 + margin)
      and p99 at the reference load (<= 1 - margin), margin 10% - hit rate alone never counts.
 Optionally a cluster-size sweep: Flat-LB and CacheRoute at R in `cluster_sizes` at one fixed
-offered load (and their capacities there).
+offered load (and their capacities there: grid 0.5-2.2x the load scaled to R, extended past a
+passing top in x1.2 steps as the main sweep is; a capacity still passing after them is a lower
+bound, `slo_capacity_is_lower_bound`).
 """
 
 from __future__ import annotations
@@ -31,6 +52,7 @@ import numpy as np
 
 from cacheroute.replay.diagnostic import Diagnosis, Verdict, diagnose
 from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.fleet import FleetConfig
 from cacheroute.replay.metrics import RunMetrics, SloMetric
 from cacheroute.replay.planned import rendezvous_order
 from cacheroute.replay.policies import POLICY_NAMES
@@ -44,6 +66,14 @@ Recommendation = Literal["deploy", "keep flat-lb"]
 DEFAULT_FACTORS = (0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.45)
 EXTEND_FACTOR = 1.2
 """A policy that still serves the top sweep load is run at x1.2 steps until it fails."""
+DEFAULT_SLO_MS = 2000.0
+AUTO_SLO_MULTIPLE = 2.5
+"""Auto SLO = this x the idle replica's p99 when that exceeds the default (module docstring)."""
+IDLE_UTILISATION = 0.001
+"""The auto SLO's knee-slice run (the knee search's floor): each replica busy this fraction of
+the time by its service-time estimate."""
+CLUSTER_GRID = (0.5, 0.75, 1.0, 1.3, 1.7, 2.2)
+"""Cluster-size sweep loads, x the fixed load scaled to R (then x1.2 steps past a passing top)."""
 
 
 class Reporter(Protocol):
@@ -67,7 +97,12 @@ class EvalConfig:
 
     policies: tuple[str, ...] = POLICY_NAMES
     sim: SimConfig = field(default_factory=SimConfig)
-    slo_ms: float = 2000.0
+    slo_ms: float = DEFAULT_SLO_MS
+    """p99 SLO of `slo_metric` in ms: with `slo_auto` the default that is kept when an idle
+    replica meets it with headroom (else raised, see the module docstring); without, as given."""
+    slo_auto: bool = True
+    """Derive the SLO from an idle replica when `slo_ms` is out of its reach; False: use `slo_ms`
+    exactly (`--slo-ms X`). `Evaluation.config` carries the SLO that was used in `slo_ms`."""
     slo_metric: SloMetric = "ttft"
     load_factors: tuple[float, ...] = DEFAULT_FACTORS
     extend_steps: int = 6
@@ -88,12 +123,22 @@ class EvalConfig:
     """cacheroute's sibling co-location (None: plain LPT)."""
     spill_factor: float | None = 2.0
     """cacheroute's dispatcher overload spill (None: the paper's dispatch rule)."""
+    spill_min_inflight: int = 16
+    """...once the destination holds at least this many load units from the gateway."""
+    work_unit_tokens: int | None = 512
+    """cacheroute's gateways weigh a request 1 + prompt tokens // this in flight (None: 1)."""
+    cold_load_factor: float = 1.25
+    """cacheroute's cold-path bound (CHWBL's c) on this gateway's in-flight load."""
+    cold_affinity: bool = True
+    """cacheroute's cold path: bounded-load consistent hashing (False: P2C, the paper's rule)."""
     margin: float = 0.10
     """Deploy only if capacity is >= (1 + margin)x and p99 <= (1 - margin)x Flat-LB's: the same
     +-10% band the verdicts call a tie, so a tie never deploys."""
     cluster_sizes: tuple[int, ...] = ()
     cluster_load_qps: float | None = None
     """Offered load of the cluster-size sweep (default: the reference load)."""
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    """Gateways every policy runs in (each with its own state; plans shared), and the deal."""
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICY_NAMES]
@@ -165,11 +210,61 @@ class PolicyReport:
 
 
 @dataclass(frozen=True, slots=True)
+class SloChoice:
+    """The SLO an evaluation used and where it came from (see the module docstring's step 0)."""
+
+    ms: float
+    auto: bool
+    """Chosen by the auto rule (False: given with `slo_auto=False` / `--slo-ms X`)."""
+    idle_p99_ms: float | None = None
+    """Auto: p99 of the SLO metric of the evaluated workload on one idle replica."""
+    knee_idle_p99_ms: float | None = None
+    """Auto: the same for the knee's slice on its R/5 replicas (the rule uses the larger)."""
+    default_ms: float = DEFAULT_SLO_MS
+
+    @property
+    def derived(self) -> bool:
+        """True if the auto rule raised the SLO above the default."""
+        return self.auto and self.ms != self.default_ms
+
+    @property
+    def rule(self) -> str:
+        """One line for reports."""
+        if not self.auto:
+            return "given"
+        idle, knee = self.idle_p99_ms or 0.0, self.knee_idle_p99_ms or 0.0
+        what = (
+            f"the idle replica's p99 {idle:.0f} ms"
+            if idle >= knee
+            else f"the knee slice's p99 at its lowest load {knee:.0f} ms (idle replica "
+            f"{idle:.0f} ms)"
+        )
+        if self.derived:
+            return (
+                f"auto, derived: {AUTO_SLO_MULTIPLE:g} x {what}, rounded up to two significant "
+                "figures"
+            )
+        return f"auto, default kept: {AUTO_SLO_MULTIPLE:g} x {what} fits in {self.default_ms:g} ms"
+
+
+def auto_slo_ms(idle_p99_ms: float, default_ms: float = DEFAULT_SLO_MS) -> float:
+    """The auto rule: `default_ms` if AUTO_SLO_MULTIPLE x idle p99 fits in it, else that product
+    rounded up to two significant figures (8,300 ms idle -> 20,750 -> 21,000 ms)."""
+    want = AUTO_SLO_MULTIPLE * idle_p99_ms
+    if not want > default_ms:
+        return default_ms
+    e = math.floor(math.log10(want)) - 1
+    digits = math.ceil(want / 10.0**e - 1e-9)  # 1e-9: float dust must not round 25.0 up to 26
+    return float(digits * 10**e) if e >= 0 else digits / 10.0**-e
+
+
+@dataclass(frozen=True, slots=True)
 class Evaluation:
     """Everything `cacheroute evaluate` reports."""
 
     workload: dict[str, Any]
     config: EvalConfig
+    """The config as run: `slo_ms` is the SLO used (the auto rule's choice; see `slo`)."""
     knee_qps: float
     q_cap: float
     loads_qps: tuple[float, ...]
@@ -182,6 +277,10 @@ class Evaluation:
     recommendation: Recommendation
     cluster_sweep: list[dict[str, Any]]
     sim_requests: int
+    slo: SloChoice | None = None
+    """How the SLO in `config.slo_ms` was chosen (None: not recorded - taken as given)."""
+    knee_held_out: str | None = None
+    """What the knee was measured on when held out (None: on the evaluated requests)."""
 
     @property
     def agree(self) -> bool:
@@ -191,21 +290,32 @@ class Evaluation:
     def to_dict(self) -> dict[str, Any]:
         """One JSON object (see `cacheroute evaluate --json`)."""
         cfg = self.config
+        slo = self.slo or SloChoice(cfg.slo_ms, auto=False)
+        knee_on = self.knee_held_out or "the evaluated requests (not held out)"
         return {
             "workload": self.workload,
             "cluster": {
                 "destinations": cfg.sim.destinations,
                 "service": cfg.sim.service.to_dict(),
                 "slo_ms": cfg.slo_ms,
+                "slo_auto": slo.auto,
+                "slo_derived": slo.derived,
+                "slo_idle_p99_ms": slo.idle_p99_ms,
+                "slo_knee_slice_idle_p99_ms": slo.knee_idle_p99_ms,
+                "slo_rule": slo.rule,
                 "slo_metric": cfg.slo_metric,
                 "warmup_fraction": cfg.sim.warmup_fraction,
                 "seed": cfg.sim.seed,
             },
+            "gateways": cfg.fleet.gateways,
+            "deal": cfg.fleet.deal,
+            "plan_delay_s": cfg.fleet.plan_delay_s,
             "plan": {
                 "q_cap": self.q_cap,
                 "q_cap_source": "given"
                 if cfg.q_cap is not None
-                else f"{cfg.q_cap_factor:g} x the measured knee",
+                else f"{cfg.q_cap_factor:g} x the knee measured on {knee_on}",
+                "knee_held_out": self.knee_held_out is not None,
                 "warm_slots": cfg.warm_slots,
                 "control_intervals_per_replay": cfg.intervals,
                 "oracle_rates": cfg.oracle,
@@ -213,6 +323,10 @@ class Evaluation:
                 "fair_share": cfg.fair_share,
                 "group_separator": cfg.group_separator,
                 "spill_factor": cfg.spill_factor,
+                "cold_affinity": cfg.cold_affinity,
+                "cold_load_factor": cfg.cold_load_factor,
+                "spill_min_inflight": cfg.spill_min_inflight,
+                "work_unit_tokens": cfg.work_unit_tokens,
             },
             "knee_qps_per_replica": self.knee_qps,
             "loads_qps": list(self.loads_qps),
@@ -271,7 +385,13 @@ class _Runner:
             hashes=self.hashes,
         )
         result = simulate(
-            requests, policy, sim, plan, context=ctx, on_progress=self.reporter.advance
+            requests,
+            policy,
+            sim,
+            plan,
+            context=ctx,
+            fleet=self.cfg.fleet,
+            on_progress=self.reporter.advance,
         )
         self.simulated += requests.n
         self.last_info = result.policy_info
@@ -287,6 +407,10 @@ class _Runner:
             fair_share=self.cfg.fair_share,
             group_separator=self.cfg.group_separator,
             spill_factor=self.cfg.spill_factor,
+            spill_min_inflight=self.cfg.spill_min_inflight,
+            work_unit_tokens=self.cfg.work_unit_tokens,
+            cold_load_factor=self.cfg.cold_load_factor,
+            cold_affinity=self.cfg.cold_affinity,
         )
 
     def passes(self, m: RunMetrics) -> bool:
@@ -299,19 +423,16 @@ def find_knee(
     *,
     reporter: Reporter | None = None,
     steps: int = 6,
+    floor_qps: float | None = None,
 ) -> tuple[float, int]:
-    """Per-replica capacity (requests/s) on an affinity-like slice; returns (knee, requests run)."""
+    """Per-replica capacity (requests/s) on an affinity-like slice; returns (knee, requests run).
+
+    Judged against `config.slo_ms` as it is (`evaluate` resolves the auto SLO first). `floor_qps`
+    is a load of the slice known to pass (the auto SLO's idle run of the slice): halving down from
+    a failure stops there instead of below it, so with the auto SLO a passing load is always found.
+    """
     rep = reporter or _Silent()
-    r = config.sim.destinations
-    g = max(1, r // 5)
-    home = rendezvous_order(key_hashes(requests.keys), r)[:, 0]
-    counts = requests.key_counts()
-    light = counts <= counts.sum() / r
-    chosen = (home < g) & light
-    mask = chosen[requests.key_index]
-    if int(mask.sum()) < 50:
-        raise ReplayError("the workload is too small to measure a replica's knee")
-    sub = _subset(requests, mask)
+    sub, g = _knee_slice(requests, config)
     sim = replace(config.sim, destinations=g)
     cfg = replace(config, sim=sim)
     runner = _Runner(sub, cfg, rep)  # `sticky` on the slice: q_cap is not used
@@ -324,7 +445,8 @@ def find_knee(
             load *= 2
         else:
             hi = load
-            load /= 2
+            nxt = load / 2
+            load = floor_qps if floor_qps is not None and nxt < floor_qps < load else nxt
         if lo > 0 and not math.isinf(hi):
             break
     if lo == 0.0:
@@ -336,6 +458,70 @@ def find_knee(
         else:
             hi = mid
     return lo / g, runner.simulated
+
+
+def _knee_slice(requests: RequestSet, config: EvalConfig) -> tuple[RequestSet, int]:
+    """The knee's affinity-like slice and its replica count g = R/5 (module docstring, step 1)."""
+    r = config.sim.destinations
+    g = max(1, r // 5)
+    home = rendezvous_order(key_hashes(requests.keys), r)[:, 0]
+    counts = requests.key_counts()
+    light = counts <= counts.sum() / r
+    chosen = (home < g) & light
+    mask = chosen[requests.key_index]
+    if int(mask.sum()) < 50:
+        raise ReplayError("the workload is too small to measure a replica's knee")
+    return _subset(requests, mask), g
+
+
+def _idle_p99(
+    requests: RequestSet,
+    config: EvalConfig,
+    destinations: int,
+    reporter: Reporter,
+    *,
+    spaced: bool,
+) -> tuple[float, float, int]:
+    """p99 (ms, of the SLO metric) of `requests` routed by `sticky` to idle replicas.
+
+    `spaced`: arrivals re-timed one every (longest service time) seconds, so each request finds
+    its replica empty - pure service time, no queueing at all. Else the replay is time-compressed
+    until each replica is busy IDLE_UTILISATION of the time (as the knee search runs it: a trace's
+    simultaneous arrivals still queue). Service time per request, uncached: prefill + decode alone.
+    Returns (p99 ms, the load run, requests run).
+    """
+    s = config.sim.service
+    p = requests.prompt_tokens.astype(np.float64)
+    o = requests.output_tokens.astype(np.float64)
+    step = s.decode_base_s + s.decode_per_seq_s + s.decode_per_ctx_token_s * (p + o)
+    serve = s.prefill_seconds(p, np.zeros_like(p)) + (o - 1.0) * step
+    if spaced:
+        gap = 1.01 * float(serve.max()) + 1e-3
+        t0 = float(requests.times[0]) if requests.n else 0.0
+        times = t0 + gap * np.arange(requests.n, dtype=np.float64)
+        requests = replace(requests, times=times, notes=(*requests.notes, "spaced: idle replica"))
+        load = requests.rate
+    else:
+        load = IDLE_UTILISATION * destinations / max(float(serve.mean()), 1e-9)
+    cfg = replace(config, sim=replace(config.sim, destinations=destinations))
+    runner = _Runner(requests, cfg, reporter)
+    m = runner.run("sticky", load)
+    return m.p99_ms(config.slo_metric), load, runner.simulated
+
+
+def _choose_slo(
+    base: RequestSet, knee_base: RequestSet, config: EvalConfig, reporter: Reporter
+) -> tuple[SloChoice, float | None, int]:
+    """The SLO to use (module docstring, step 0); returns (choice, knee floor load, requests run)."""
+    if not config.slo_auto:
+        return SloChoice(config.slo_ms, auto=False, default_ms=config.slo_ms), None, 0
+    sub, g = _knee_slice(knee_base, config)
+    reporter.stage("SLO: idle replica", base.n + sub.n)
+    idle, _, n_base = _idle_p99(base, config, 1, reporter, spaced=True)
+    slice_idle, floor, n_slice = _idle_p99(sub, config, g, reporter, spaced=False)
+    ms = auto_slo_ms(max(idle, slice_idle), config.slo_ms)
+    choice = SloChoice(ms, True, idle, slice_idle, default_ms=config.slo_ms)
+    return choice, floor, n_base + n_slice
 
 
 def _subset(q: RequestSet, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> RequestSet:
@@ -408,12 +594,23 @@ def evaluate(
     *,
     workload_info: dict[str, Any] | None = None,
     reporter: Reporter | None = None,
+    knee_requests: RequestSet | None = None,
+    knee_note: str = "held-out requests",
 ) -> Evaluation:
-    """Run the whole comparison on `base` (any offered load; it is rescaled)."""
+    """Run the whole comparison on `base` (any offered load; it is rescaled).
+
+    `knee_requests`: held-out requests of the same workload (another seed; for a trace, another
+    tiling) to measure the knee - hence q_cap and the sweep loads - on, described by `knee_note`
+    in `plan.q_cap_source`. Without them the knee is measured on `base` itself.
+    """
     rep = reporter or _Silent()
+    knee_base = knee_requests if knee_requests is not None else base
+    slo, floor, slo_run = _choose_slo(base, knee_base, config, rep)
+    config = replace(config, slo_ms=slo.ms)
     runner = _Runner(base, config, rep)
-    knee, knee_requests = find_knee(base, config, reporter=rep)
-    runner.simulated += knee_requests
+    runner.simulated += slo_run
+    knee, knee_run = find_knee(knee_base, config, reporter=rep, floor_qps=floor)
+    runner.simulated += knee_run
     runner.q_cap = config.q_cap if config.q_cap is not None else config.q_cap_factor * knee
     r = config.sim.destinations
     loads = tuple(float(f * r * knee) for f in sorted(config.load_factors))
@@ -471,11 +668,20 @@ def evaluate(
         recommendation="deploy" if better else "keep flat-lb",
         cluster_sweep=cluster,
         sim_requests=runner.simulated,
+        slo=slo,
+        knee_held_out=knee_note if knee_requests is not None else None,
     )
 
 
 def _cluster_sweep(runner: _Runner, config: EvalConfig, reference: float) -> list[dict[str, Any]]:
-    """Flat-LB vs CacheRoute at each R: figures at one fixed load, and capacities."""
+    """Flat-LB vs CacheRoute at each R: figures at one fixed load, and capacities.
+
+    Capacities: the grid `CLUSTER_GRID` x the load scaled to R (stopping at the first failure),
+    extended past a passing top in x1.2 steps (at most `extend_steps`) as the main sweep is, then
+    bisection. A capacity still passing at the end is a lower bound (`slo_capacity_is_lower_bound`)
+    and `capacity_ratio_is` says what the ratio is then: exact, a lower bound (CacheRoute's is
+    one), an upper bound (Flat-LB's is one) or undetermined (both are).
+    """
     load = config.cluster_load_qps or reference
     r0 = config.sim.destinations
     out: list[dict[str, Any]] = []
@@ -483,32 +689,54 @@ def _cluster_sweep(runner: _Runner, config: EvalConfig, reference: float) -> lis
         row: dict[str, Any] = {"destinations": r, "offered_qps": load}
         scale = r / r0
         for name in ("flat-lb", "cacheroute"):
-            runner.reporter.stage(f"cluster R={r}: {name}", runner.base.n * 8)
+            runner.reporter.stage(
+                f"cluster R={r}: {name}",
+                runner.base.n * (2 + len(CLUSTER_GRID) + config.extend_steps),
+            )
             fixed = runner.run(name, load, destinations=r)
-            grid = [f * load * scale for f in (0.5, 0.75, 1.0, 1.3, 1.7, 2.2)]
+            grid = [f * load * scale for f in CLUSTER_GRID]
             sweep: list[RunMetrics] = []
             for g in grid:
                 m = runner.run(name, g, destinations=r)
                 sweep.append(m)
                 if not runner.passes(m):
                     break
+            top = grid[-1]
+            for _ in range(config.extend_steps):  # still serving the top: find where it stops
+                if not runner.passes(sweep[-1]):
+                    break
+                top *= EXTEND_FACTOR
+                sweep.append(runner.run(name, top, destinations=r))
             cap = _cluster_capacity(runner, name, sweep, r)
             row[name] = {
                 "hit_rate": fixed.hit_rate,
                 "p99_ms": fixed.p99_ms(config.slo_metric),
                 "max_over_mean": fixed.max_over_mean,
                 "slo_capacity_qps": cap,
+                "slo_capacity_is_lower_bound": runner.passes(sweep[-1]),
             }
         f, c = row["flat-lb"], row["cacheroute"]
         row["capacity_ratio"] = (
             c["slo_capacity_qps"] / f["slo_capacity_qps"] if f["slo_capacity_qps"] else math.inf
+        )
+        row["capacity_ratio_is"] = _ratio_kind(
+            c["slo_capacity_is_lower_bound"], f["slo_capacity_is_lower_bound"]
         )
         row["p99_ratio"] = f["p99_ms"] / max(1e-9, c["p99_ms"])
         out.append(row)
     return out
 
 
+def _ratio_kind(ours_lower: bool, flat_lower: bool) -> str:
+    """What ours / Flat-LB's capacity is when either capacity may be only a lower bound."""
+    if ours_lower and flat_lower:
+        return "undetermined"
+    return "lower bound" if ours_lower else "upper bound" if flat_lower else "exact"
+
+
 def _cluster_capacity(runner: _Runner, name: str, sweep: list[RunMetrics], r: int) -> float:
+    """Highest passing load of a cluster-size sweep, refined by bisection below its first failure
+    (the top of the sweep, a lower bound, if none failed)."""
     lo = max((m.offered_qps for m in sweep if runner.passes(m)), default=0.0)
     fails = [m.offered_qps for m in sweep if not runner.passes(m)]
     if not fails:

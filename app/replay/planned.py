@@ -80,9 +80,17 @@ class _Planned(Policy):
             ctx.names,
             rng=ctx.random(1),
             spill_factor=cfg.spill_factor if self.extensions else None,
+            spill_min_inflight=cfg.spill_min_inflight,
+            cold_affinity=cfg.cold_affinity and self.extensions,
+            cold_load_factor=cfg.cold_load_factor,
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys
+        unit = cfg.work_unit_tokens if self.extensions else None
+        q = ctx.requests
+        self.units: list[int] = (
+            [1] * q.n if unit is None else (q.prompt_tokens // unit + 1).astype(np.int64).tolist()
+        )
         self.all_key_index = ctx.requests.key_index
         self.params = PlannerParams(
             q_cap=cfg.q_cap,
@@ -101,19 +109,29 @@ class _Planned(Policy):
         if cfg.oracle:
             rates = ctx.requests.key_rates()
             active = np.flatnonzero(rates > 0)
-            self._install([self.keys[k] for k in active.tolist()], rates[active], 0.0)
+            self.install(self._build([self.keys[k] for k in active.tolist()], rates[active], 0.0))
 
     def route(self, i: int, t: float) -> int:
         d = self.router.route_index(self.keys[self.key_index[i]])
-        self.router.acquire(d)
+        self.router.acquire(d, self.units[i])
         return d
 
-    def release(self, d: int) -> None:
-        self.router.release(d)
+    def release(self, d: int, i: int) -> None:
+        self.router.release(d, self.units[i])
 
     def tick(self, t: float, i: int) -> None:
+        table = self.build(t, i)
+        if table is not None:
+            self.install(table)
+
+    def build(self, t: float, i: int) -> RoutingTable | None:
+        """Re-plan from the rates observed in requests [0, i) at time t; None: keep the plan.
+
+        In a fleet only one instance builds (the planner sees every gateway's requests through
+        the streams agent); every gateway then `install`s the table after the propagation delay.
+        """
         if self.ctx.plan.oracle or i == 0:
-            return
+            return None
         new = np.bincount(self.all_key_index[self.window_start : i], minlength=len(self.keys))
         self.window_start = i
         decay = self.ctx.plan.rate_decay
@@ -122,12 +140,16 @@ class _Planned(Policy):
         span = elapsed if decay >= 1.0 else self.ctx.plan.control_interval_s / (1.0 - decay)
         active = np.flatnonzero(self.counts > 0)
         rates = self.counts[active] / max(min(span, elapsed), 1e-9)
-        self._install([self.keys[k] for k in active.tolist()], rates.astype(np.float64), t)
+        return self._build([self.keys[k] for k in active.tolist()], rates.astype(np.float64), t)
 
-    def _install(self, keys: list[str], rates: FloatArray, t: float) -> None:
+    def install(self, table: RoutingTable) -> None:
+        """Swap this gateway's routing table (what `Dispatcher.apply_plan` does on a new plan)."""
+        self.router.table = table
+
+    def _build(self, keys: list[str], rates: FloatArray, t: float) -> RoutingTable:
         plan = self.make_plan(keys, rates, int(t * 1000))
         assignments = self.assign(plan)
-        self.router.table = self.table_for(plan, assignments)
+        table = self.table_for(plan, assignments)
         entry = {
             "t": t,
             "admitted_keys": float(plan.n_admitted),
@@ -139,6 +161,7 @@ class _Planned(Policy):
             entry["moved_rate_share"] = plan_diff(self.plan, plan).changed_rate_fraction
         self.history.append(entry)
         self.plan = plan
+        return table
 
     def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
         raise NotImplementedError

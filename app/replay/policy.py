@@ -7,7 +7,11 @@ or queues - cache-aware policies keep their own approximate view, as real router
     policy.tick(t, i)      control-interval boundary (plan-based policies re-plan here);
                            requests [0, i) have been routed
     d = policy.route(i, t) destination of request i, arriving at t
-    policy.release(d)      a request routed to d finished
+    policy.release(d, i)   request i, routed to d, finished
+
+One instance is one gateway. A fleet of G gateways (fleet.py) runs G instances, each told only of
+its own requests and their completions; plan-based policies (`SharesPlan`) also take plans built
+once for the whole fleet from every gateway's requests, as the streams agent and planner do.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ class PlanConfig:
     spill_factor: float | None = 2.0
     """cacheroute's dispatcher spills a planned request to P2C when its destination holds this
     many times the mean in-flight count (None: the paper's rule, never spill)."""
+    spill_min_inflight: int = 16
+    """...and at least this many in flight from the gateway (`Router.spill_min_inflight`)."""
+    work_unit_tokens: int | None = 512
+    """cacheroute's gateways count a request's load as 1 + prompt tokens // this (None: 1)."""
+    cold_load_factor: float = 1.25
+    """cacheroute's cold-path bound (`Router.cold_load_factor`)."""
+    cold_affinity: bool = True
+    """cacheroute's dispatcher sends keys the plan does not admit by bounded-load consistent
+    hashing (False: the paper's power-of-two-choices)."""
 
     def __post_init__(self) -> None:
         if not (self.q_cap > 0 and self.control_interval_s > 0 and self.warm_slots >= 0):
@@ -82,6 +95,8 @@ class PolicyContext:
     service: ServiceModel
     plan: PlanConfig
     hashes: UIntArray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    gateway: int = 0
+    """Which gateway of a fleet this policy instance runs in (its random streams differ)."""
 
     def __post_init__(self) -> None:
         if self.destinations < 1:
@@ -94,14 +109,30 @@ class PolicyContext:
         """Destination names as gateways and plans use them."""
         return [f"d{i}" for i in range(self.destinations)]
 
+    def _entropy(self, salt: int) -> list[int]:
+        # gateway 0 keeps the single-gateway streams, so G = 1 replays exactly as before
+        return [self.seed, salt] if self.gateway == 0 else [self.seed, salt, self.gateway]
+
     def random(self, salt: int) -> random.Random:
         """A seeded `random.Random` (the dispatcher's Router takes one), distinct per salt."""
-        seq = np.random.SeedSequence([self.seed, salt])
+        seq = np.random.SeedSequence(self._entropy(salt))
         return random.Random(int(seq.generate_state(1, np.uint64)[0]))  # noqa: S311 - seeded simulation RNG (the Router takes a random.Random)
 
     def generator(self, salt: int) -> np.random.Generator:
-        """A seeded numpy Generator, distinct per salt."""
-        return np.random.default_rng([self.seed, salt])
+        """A seeded numpy Generator, distinct per salt (and per gateway)."""
+        return np.random.default_rng(self._entropy(salt))
+
+    def for_gateway(self, gateway: int) -> PolicyContext:
+        """The same context for another gateway of the fleet (key hashes are shared)."""
+        return PolicyContext(
+            requests=self.requests,
+            destinations=self.destinations,
+            seed=self.seed,
+            service=self.service,
+            plan=self.plan,
+            hashes=self.hashes,
+            gateway=gateway,
+        )
 
 
 class Policy:
@@ -118,8 +149,8 @@ class Policy:
         """Destination index of request i at time t (subclasses also count it in flight)."""
         raise NotImplementedError
 
-    def release(self, d: int) -> None:
-        """A request routed to d finished."""
+    def release(self, d: int, i: int) -> None:
+        """Request i, routed to d, finished."""
         self.inflight[d] -= 1
 
     def tick(self, t: float, i: int) -> None:

@@ -1,8 +1,10 @@
 """One replay through the simulated cluster under one policy: route, serve, measure.
 
-The loop is the gateway's view in time order: at each arrival the policy routes (it has already
-been told of every completion before that instant), the engine serves (numba, engine.py), and every
-control interval the policy may re-plan. Deterministic for a given seed; no clock is read.
+The loop is the gateways' view in time order: at each arrival the gateway the request was dealt to
+routes it (it has already been told of every completion of its own requests before that instant),
+the engine serves (numba, engine.py), and every control interval the planner may re-plan
+(fleet.py: G gateways, each with its own policy state). Deterministic for a given seed; no clock
+is read.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 
 from cacheroute.replay.engine import Engine
 from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.fleet import Fleet, FleetConfig
 from cacheroute.replay.metrics import RunMetrics, run_metrics
-from cacheroute.replay.policies import make_policy
 from cacheroute.replay.policy import PlanConfig, PolicyContext
 from cacheroute.replay.requestset import FloatArray, IntArray, RequestSet
 from cacheroute.replay.service import ServiceModel
@@ -60,12 +62,14 @@ def simulate(
     plan: PlanConfig,
     *,
     context: PolicyContext | None = None,
+    fleet: FleetConfig | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Replay `requests` through R simulated replicas routed by `policy`.
+    """Replay `requests` through R simulated replicas routed by `policy` in each gateway.
 
-    `context` may be passed to reuse per-workload precomputation (key hashes) across runs; it must
-    describe the same requests. `on_progress(n)` is called with batches of routed requests.
+    `fleet` sets the gateways (default: one, plans in effect at once). `context` may be passed
+    to reuse per-workload precomputation (key hashes) across runs; it must describe the same
+    requests. `on_progress(n)` is called with batches of routed requests.
     """
     ctx = context or PolicyContext(
         requests=requests,
@@ -76,7 +80,7 @@ def simulate(
     )
     if ctx.requests is not requests or ctx.destinations != config.destinations:
         raise ReplayError("the policy context describes another replay or cluster")
-    pol = make_policy(policy, ctx)
+    pol = Fleet(policy, ctx, fleet or FleetConfig())
     engine = Engine.create(requests, config.service, config.destinations)
     times: list[float] = requests.times.tolist()
     n = len(times)

@@ -2,7 +2,8 @@
 
 Shared by `cacheroute evaluate`, `workload generate` and `replay`, so all three read a source the
 same way. Traces smaller than `min_requests` are tiled (copies with offset ids, random shifts) to
-reach it; the RequestSet's notes record what was done.
+reach it; the RequestSet's notes record what was done. `write_jsonl` and `write_mooncake` write a
+RequestSet back out as a generic or a Mooncake trace.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import orjson
 
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
-from cacheroute.replay.traces import TraceFormat, read_trace
+from cacheroute.replay.traces import MOONCAKE_BLOCK_TOKENS, TraceFormat, read_trace
 from cacheroute.replay.workloads import WorkloadKind, generate, spec_for
 
-__all__ = ["SourceSpec", "detect_format", "load_source", "write_jsonl"]
+__all__ = ["SourceSpec", "detect_format", "load_source", "write_jsonl", "write_mooncake"]
 
 AutoFormat = TraceFormat | Literal["auto"]
 
@@ -104,6 +105,40 @@ def write_jsonl(requests: RequestSet, path: Path) -> int:
                 "output_tokens": int(q.output_tokens[i]),
                 "block_tokens": q.block_tokens,
                 "hash_ids": ids[offsets[i] : offsets[i + 1]],
+            }
+            fh.write(orjson.dumps(row) + b"\n")
+    return q.n
+
+
+def write_mooncake(requests: RequestSet, path: Path) -> int:
+    """Write Mooncake JSONL (`timestamp` ms, `input_length`, `output_length`, `hash_ids`).
+
+    Mooncake lists one id per 512-token block *including* a partial last block, so a prompt that
+    does not end on a block boundary gets one more id, unique to it (`read_mooncake` drops it
+    again). Only 512-token blocks can be written; returns the lines written.
+    """
+    q = requests
+    if q.block_tokens != MOONCAKE_BLOCK_TOKENS:
+        raise ReplayError(
+            f"Mooncake traces use {MOONCAKE_BLOCK_TOKENS}-token blocks; "
+            f"this request set has {q.block_tokens}"
+        )
+    offsets = q.block_offsets.tolist()
+    ids = q.block_ids.tolist()
+    prompt = q.prompt_tokens.tolist()
+    output = q.output_tokens.tolist()
+    partial = q.n_blocks  # ids above every full block's id: one per partial last block
+    with path.open("wb") as fh:
+        for i in range(q.n):
+            hash_ids = ids[offsets[i] : offsets[i + 1]]
+            if prompt[i] % MOONCAKE_BLOCK_TOKENS:
+                hash_ids.append(partial)
+                partial += 1
+            row = {
+                "timestamp": round(float(q.times[i]) * 1000.0),
+                "input_length": prompt[i],
+                "output_length": output[i],
+                "hash_ids": hash_ids,
             }
             fh.write(orjson.dumps(row) + b"\n")
     return q.n

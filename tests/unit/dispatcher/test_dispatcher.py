@@ -70,7 +70,7 @@ def test_staleness_falls_back_and_recovers_with_one_log_line_each(
         assert d.router.counts[RouteKind.STALE] == 1
         d.apply_plan(plan(2, 1_031_000))
         assert not d.router.stale
-    stale_lines = [r for r in caplog.records if "power-of-two-choices until" in r.message]
+    stale_lines = [r for r in caplog.records if "path (no plan) until" in r.message]
     fresh_lines = [r for r in caplog.records if r.message.startswith("routing by plan")]
     assert len(stale_lines) == 1
     assert len(fresh_lines) == 2

@@ -1,4 +1,4 @@
-"""Routing rules: plan members by in-flight load, P2C for the rest, failure and staleness fallbacks."""
+"""Routing rules: plan members by in-flight load, the cold path for the rest, failure fallbacks."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 
 from cacheroute.dispatcher.errors import DispatchError
-from cacheroute.dispatcher.routing import RouteKind, Router, build_table
+from cacheroute.dispatcher.routing import RING_VNODES, RouteKind, Router, build_table, ring_hash
 
 NAMES = ["d0", "d1", "d2", "d3"]
 
 
-def router(seed: int = 0) -> Router:
-    r = Router(NAMES, rng=random.Random(seed))
+def router(seed: int = 0, *, cold_affinity: bool = True) -> Router:
+    r = Router(NAMES, rng=random.Random(seed), cold_affinity=cold_affinity)
     r.table = build_table(
         7,
         1000,
@@ -26,9 +26,8 @@ def router(seed: int = 0) -> Router:
     return r
 
 
-def test_admitted_key_goes_to_least_loaded_member_ties_in_plan_order() -> None:
+def test_admitted_key_goes_to_least_loaded_member() -> None:
     r = router()
-    assert r.route("hot") == "d2"  # tie: the plan's first choice
     r.acquire(2)
     assert r.route("hot") == "d0"
     r.acquire(0)
@@ -36,7 +35,22 @@ def test_admitted_key_goes_to_least_loaded_member_ties_in_plan_order() -> None:
     assert r.route("hot") == "d2"
     r.release(2)
     assert r.route("hot") == "d2"
-    assert r.counts[RouteKind.PLAN] == 4
+    assert r.counts[RouteKind.PLAN] == 3
+
+
+def test_ties_among_members_are_shared_evenly() -> None:
+    # Nothing in flight (a gateway among many): the two replicas must still share the key's
+    # traffic as planned, not all go to the first member.
+    r = router(seed=5)
+    picks = Counter(r.route("hot") for _ in range(4000))
+    assert set(picks) == {"d0", "d2"}
+    assert picks["d0"] == pytest.approx(2000, rel=0.08)
+    three = Router(NAMES, rng=random.Random(6))
+    three.table = build_table(1, 0, [("k", ["d3", "d1", "d0"])], NAMES, NAMES)
+    three.acquire(1)  # d1 is busier: the tie is between d3 and d0 only
+    picks = Counter(three.route("k") for _ in range(3000))
+    assert set(picks) == {"d3", "d0"}
+    assert picks["d3"] == pytest.approx(1500, rel=0.1)
 
 
 def test_admitted_keys_never_leave_their_replica_set_while_any_member_lives() -> None:
@@ -47,8 +61,8 @@ def test_admitted_keys_never_leave_their_replica_set_while_any_member_lives() ->
         r.acquire(d)
 
 
-def test_cold_keys_use_two_distinct_choices_and_prefer_the_less_loaded() -> None:
-    r = router(seed=3)
+def test_without_cold_affinity_cold_keys_use_two_distinct_choices() -> None:
+    r = router(seed=3, cold_affinity=False)
     r.inflight[:] = [5, 0, 5, 5]
     picks = Counter(r.route(f"cold-{i}") for i in range(3000))
     # d1 wins every draw it is part of: P(d1 drawn) = 1 - (3/4 * 2/3) = 1/2
@@ -77,7 +91,59 @@ def test_every_destination_down_still_routes() -> None:
     assert r.counts[RouteKind.ALL_DOWN] == 50
 
 
-def test_no_plan_and_stale_plan_use_p2c() -> None:
+def _ring_order(key: str, names: list[str]) -> list[str]:
+    """Brute force: destinations in the order a clockwise walk from the key's point meets them."""
+    points = sorted((ring_hash(f"{n}#{j}"), n) for n in names for j in range(RING_VNODES))
+    h = ring_hash(key)
+    after = [n for p, n in points if p >= h] + [n for p, n in points if p < h]
+    return list(dict.fromkeys(after))
+
+
+def test_cold_key_goes_to_its_ring_home_on_every_gateway() -> None:
+    # Two gateways with other random streams and another order of the same destinations.
+    a = Router(NAMES, rng=random.Random(1))
+    b = Router(list(reversed(NAMES)), rng=random.Random(2))
+    for i in range(300):
+        key = f"tenant-3/conv-{i}"
+        home = _ring_order(key, NAMES)[0]
+        assert a.route(key) == home
+        assert b.route(key) == home
+    assert a.counts[RouteKind.NO_PLAN] == 300
+
+
+def test_cold_key_skips_a_home_at_the_load_bound() -> None:
+    r = router()
+    key = "new-conversation"
+    order = _ring_order(key, NAMES)
+    home, second = r.index[order[0]], r.index[order[1]]
+    for _ in range(3):
+        r.acquire(home)
+    # 3 in flight: bound = ceil(1.25 x 4 / 4) = 2, the home holds 3 -> next on the ring
+    assert r.route(key) == order[1]
+    for _ in range(2):
+        r.acquire(second)
+    # 5 in flight: bound = ceil(1.25 x 6 / 4) = 2; home 3, second 2 -> the third
+    assert r.route(key) == order[2]
+    assert r.counts[RouteKind.COLD] == 2
+
+
+def test_a_down_destination_moves_only_its_own_cold_keys() -> None:
+    r = router()
+    keys = [f"k{i}" for i in range(400)]
+    before = {k: r.route(k) for k in keys}
+    r.mark_down("d1")
+    after = {k: r.route(k) for k in keys}
+    moved = {k for k in keys if before[k] != after[k]}
+    assert moved == {k for k in keys if before[k] == "d1"}
+    assert all(after[k] == _ring_order(k, ["d0", "d2", "d3"])[0] for k in moved)
+
+
+def test_bad_cold_load_factor_is_refused() -> None:
+    with pytest.raises(DispatchError, match="cold_load_factor"):
+        Router(NAMES, cold_load_factor=0.9)
+
+
+def test_no_plan_and_stale_plan_use_the_cold_path() -> None:
     r = Router(NAMES, rng=random.Random(1))
     r.route("hot")
     assert r.counts[RouteKind.NO_PLAN] == 1
@@ -127,7 +193,7 @@ def test_bad_configuration_is_refused() -> None:
         Router(["a", "a"])
 
 
-def test_overloaded_member_spills_to_p2c_only_past_both_bounds() -> None:
+def test_overloaded_member_spills_to_the_cold_path_only_past_both_bounds() -> None:
     r = Router(NAMES, rng=random.Random(1), spill_min_inflight=4)  # spill_factor 2 by default
     r.table = build_table(1, 0, [("solo", ["d1"]), ("hot", ["d2", "d0"])], NAMES, NAMES)
     for _ in range(3):
@@ -135,9 +201,11 @@ def test_overloaded_member_spills_to_p2c_only_past_both_bounds() -> None:
     # 3 in flight, all on d1: 3 x 4 >= 2 x (3 + 1), but below the floor of 4 -> still planned.
     assert r.route("solo") == "d1"
     r.acquire(1)
-    # 4 on d1 (>= floor) and 4 x 4 >= 2 x (4 + 1): overloaded -> P2C among the others' lighter loads
+    # 4 on d1 (>= floor) and 4 x 4 >= 2 x (4 + 1): overloaded -> the key's first ring
+    # destination other than d1 (ring bound ceil(1.25 x 5 / 4) = 2 excludes d1), every time
+    expected = next(d for d in _ring_order("solo", NAMES) if d != "d1")
     picks = Counter(r.route("solo") for _ in range(200))
-    assert picks["d1"] == 0
+    assert picks == {expected: 200}
     assert r.counts[RouteKind.SPILLED] == 200
     for d in (0, 2, 3):  # spread the load: d1 now holds 4 of 16, below 2 x the mean
         for _ in range(4):

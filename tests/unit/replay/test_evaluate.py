@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cacheroute.replay import evaluate as evaluate_module
+from cacheroute.replay.diagnostic import Verdict
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.evaluate import EvalConfig, Evaluation, evaluate
+from cacheroute.replay.metrics import RunMetrics
 from cacheroute.replay.report import (
     EvidenceRun,
     evidence_checks,
     not_winning,
+    peak_at_middle,
     render_evidence,
     render_run,
 )
@@ -45,15 +52,96 @@ def test_result_has_the_documented_json_shape(small_eval: Evaluation) -> None:
     assert d["recommendation"] in ("deploy", "keep flat-lb")
     assert d["knee_qps_per_replica"] > 0
     assert d["plan"]["q_cap"] == d["knee_qps_per_replica"]
+    assert d["plan"]["q_cap_source"] == (
+        "1 x the knee measured on the evaluated requests (not held out)"
+    )
+    assert d["plan"]["knee_held_out"] is False
     assert d["reference_qps"] in d["loads_qps"]
     assert [row["destinations"] for row in d["cluster_sweep"]] == [3, 5]
+    for row in d["cluster_sweep"]:
+        for name in ("flat-lb", "cacheroute"):
+            assert isinstance(row[name]["slo_capacity_is_lower_bound"], bool)
+        assert row["capacity_ratio_is"] in ("exact", "lower bound", "upper bound", "undetermined")
     assert d["sim_requests"] > 3000
+    # auto SLO (the default): these 3k-token prompts meet 2 s on an idle replica with room
+    c = d["cluster"]
+    assert (c["slo_ms"], c["slo_auto"], c["slo_derived"]) == (2000.0, True, False)
+    assert 0 < 2.5 * c["slo_idle_p99_ms"] <= 2000.0
+    assert 0 < 2.5 * c["slo_knee_slice_idle_p99_ms"] <= 2000.0
+    assert c["slo_rule"].startswith("auto, default kept: 2.5 x the idle replica's p99 ")
+    assert c["slo_rule"].endswith(" ms fits in 2000 ms")
 
 
-def test_recommendation_needs_both_capacity_and_p99(small_eval: Evaluation) -> None:
-    ev = small_eval
-    better = ev.capacity_ratio >= 1.10 and ev.p99_ratio <= 0.90
-    assert (ev.recommendation == "deploy") == better
+def _metrics(policy: str, load: float, p99_ms: float) -> RunMetrics:
+    return RunMetrics(
+        policy=policy,
+        offered_qps=load,
+        destinations=5,
+        measured_requests=100,
+        hit_rate=0.5,
+        max_over_mean=1.0,
+        max_over_mean_prefill=1.0,
+        ttft_p50_ms=p99_ms / 2,
+        ttft_p99_ms=p99_ms,
+        e2e_p50_ms=p99_ms,
+        e2e_p99_ms=p99_ms,
+        queue_p99_ms=0.0,
+        hot_ttft_p99_ms=p99_ms,
+        cold_ttft_p99_ms=p99_ms,
+        hot_keys=1,
+        load=(20, 20, 20, 20, 20),
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # Flat-LB: capacity 10 req/s, p99 1000 ms at the reference load
+        (12.0, 800.0, "win", "deploy"),  # 1.2x capacity, 0.8x p99
+        (12.0, 950.0, "win", "keep flat-lb"),  # more capacity but p99 only 0.95x
+        (11.0, 900.0, "win", "deploy"),  # exactly 1.10x and 0.90x: both bounds included
+        (10.9, 500.0, "tie", "keep flat-lb"),  # 1.09x: a tie, however good the p99
+        (10.0, 100.0, "tie", "keep flat-lb"),
+        (9.0, 500.0, "lose", "keep flat-lb"),  # exactly 0.90x
+        (5.0, 2000.0, "lose", "keep flat-lb"),
+    ],
+)
+def test_verdicts_follow_hand_set_capacities(
+    workload_factory: WorkloadFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[float, float, str, str],
+) -> None:
+    cap, p99, verdict, recommendation = case
+    caps = {"flat-lb": 10.0, "cacheroute": cap}
+    p99s = {"flat-lb": 1000.0, "cacheroute": p99}
+
+    def knee(*_: Any, **__: Any) -> tuple[float, int]:
+        return 2.0, 0
+
+    def sweep(
+        _runner: Any, name: str, loads: Sequence[float], _extend: int
+    ) -> tuple[list[RunMetrics], dict[str, Any]]:
+        return [_metrics(name, loads[0], p99s[name])], {}
+
+    def capacity(_runner: Any, name: str, *_: Any) -> float:
+        return caps[name]
+
+    monkeypatch.setattr(evaluate_module, "find_knee", knee)
+    monkeypatch.setattr(evaluate_module, "_sweep", sweep)
+    monkeypatch.setattr(evaluate_module, "_capacity", capacity)
+    q = workload_factory("whale", requests=3000, keys=300)
+    cfg = EvalConfig(
+        policies=("flat-lb", "cacheroute"),
+        sim=SimConfig(destinations=5),
+        slo_auto=False,
+        load_factors=(0.5,),
+    )
+    ev = evaluate(q, cfg)
+    assert ev.reference_qps == 0.5 * 5 * 2.0
+    assert ev.capacity_ratio == pytest.approx(cap / 10.0)
+    assert ev.p99_ratio == pytest.approx(p99 / 1000.0)
+    assert ev.simulation_verdict == verdict
+    assert ev.recommendation == recommendation
 
 
 def test_report_and_checks_are_computed(small_eval: Evaluation, tmp_path: Path) -> None:
@@ -61,6 +149,8 @@ def test_report_and_checks_are_computed(small_eval: Evaluation, tmp_path: Path) 
     assert "| cacheroute |" in md
     assert "![p99](p99.png)" in md
     assert "Recommendation" in md
+    assert "SLO: p99 TTFT <= 2.00 s (auto, default kept: 2.5 x the idle replica's p99 " in md
+    assert "(on the evaluated requests, not held out)" in md
     checks = evidence_checks(small_eval, None)
     assert {c.claim.split(":")[0] for c in checks} == {"whale"}
     doc = render_evidence(
@@ -90,13 +180,55 @@ def test_config_needs_the_baseline_and_ours() -> None:
 
 
 def test_where_cacheroute_does_not_win_is_computed(small_eval: Evaluation) -> None:
-    run = EvidenceRun("Tiny", small_eval, {}, "cmd")
     checks = evidence_checks(small_eval, None)
-    items = not_winning([run], checks)
     failing = [c for c in checks if not c.holds]
-    assert sum(i.startswith("Criterion not met") for i in items) == len(failing)
-    if small_eval.simulation_verdict != "win":
-        assert any("simulation says" in i for i in items)
+    cases: tuple[tuple[Verdict, bool], ...] = (("win", False), ("tie", True), ("lose", True))
+    for verdict, listed in cases:
+        ev = dataclasses.replace(small_eval, simulation_verdict=verdict)
+        items = not_winning([EvidenceRun("Tiny", ev, {}, "cmd")], checks)
+        assert sum(i.startswith("Criterion not met") for i in items) == len(failing)
+        assert any(f"simulation says **{verdict}**" in i for i in items) == listed, verdict
+
+
+def _row(
+    r: int, ratio: float, ours_lower: bool = False, flat_lower: bool = False
+) -> dict[str, Any]:
+    kind = evaluate_module._ratio_kind(ours_lower, flat_lower)
+    return {"destinations": r, "capacity_ratio": ratio, "capacity_ratio_is": kind}
+
+
+def test_cluster_criterion_holds_only_for_a_measured_peak() -> None:
+    assert peak_at_middle([_row(8, 1.2), _row(30, 1.5), _row(60, 1.1)]) == 30
+    assert peak_at_middle([_row(60, 1.1), _row(8, 1.2), _row(30, 1.5)]) == 30  # any order
+    assert peak_at_middle([_row(8, 1.2), _row(30, 1.24), _row(60, 1.1)]) is None  # within 5%
+    assert peak_at_middle([_row(8, 1.0), _row(30, 1.2), _row(60, 1.4)]) is None  # monotone
+    # a lower-bound neighbour may be higher than the middle: no peak can be claimed
+    assert peak_at_middle([_row(8, 1.2), _row(30, 1.5), _row(60, 1.1, ours_lower=True)]) is None
+    # a lower-bound middle only helps it; an undetermined one proves nothing
+    assert peak_at_middle([_row(8, 1.2), _row(30, 1.5, ours_lower=True), _row(60, 1.1)]) == 30
+    assert (
+        peak_at_middle([_row(8, 1.2), _row(30, 1.5, ours_lower=True, flat_lower=True), _row(60, 1)])
+        is None
+    )
+    assert peak_at_middle([_row(8, 1.2), _row(30, 1.5)]) is None
+
+
+def test_cluster_check_reports_the_ratios_and_the_effect(small_eval: Evaluation) -> None:
+    def check(rows: list[dict[str, Any]]) -> tuple[str, bool]:
+        ev = dataclasses.replace(small_eval, cluster_sweep=rows)
+        (c,) = [c for c in evidence_checks(ev, None) if "cluster size" in c.claim]
+        return c.measured, c.holds
+
+    measured, holds = check([_row(8, 1.2), _row(30, 1.5), _row(60, 1.1)])
+    assert holds
+    assert measured.startswith("R=8: 1.20x, R=30: 1.50x, R=60: 1.10x; the gain peaks at R=30")
+    measured, holds = check([_row(8, 1.0), _row(30, 1.2), _row(60, 1.4, ours_lower=True)])
+    assert not holds  # three ratios alone do not make the criterion hold
+    assert "R=60: >= 1.40x" in measured
+    assert "does not appear" in measured
+    measured, holds = check([_row(8, 1.0), _row(30, 1.2)])
+    assert not holds
+    assert "three cluster sizes" in measured
 
 
 def test_a_policy_serving_the_top_load_is_swept_further(workload_factory: WorkloadFactory) -> None:

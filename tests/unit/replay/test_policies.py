@@ -65,7 +65,7 @@ def test_flat_lb_is_the_dispatchers_router(workload_factory: WorkloadFactory) ->
     for i in range(200):
         d = p.route(i, 0.0)
         picks[d] += 1
-        p.release(d)
+        p.release(d, i)
     assert picks[1] == pytest.approx(100, abs=30)  # P2C: d1 wins every draw it is in (p = 1/2)
     assert p.router.counts[4] == 200  # all "no plan" routes
 
@@ -116,15 +116,50 @@ def test_sglang_follows_the_cache_then_the_queue(tiny_factory: TinyFactory) -> N
 
 
 def test_preble_exploits_then_rebalances(tiny_factory: TinyFactory) -> None:
-    q = tiny_factory([[1, 2, 3]] * 40, output=[2000] * 40)
+    """40 requests for one 49-token prompt (3 blocks of 16 + 1), all at t = 0 (no decay).
+
+    Every output is 128 tokens, the prior, so the expected output stays 128. With the default
+    ServiceModel: decode seconds per token (0.006 + 16 * 5e-5) / 16 = 0.000425, x 128 = 0.0544;
+    prefill(49 new, 0 cached) = 0.002 + 49 * 4e-5 + 1.3e-9 * 49^2 / 2 = 0.00396156;
+    prefill(1 new, 48 cached) = 0.002 + 4e-5 + 1.3e-9 * (48 + 0.5) = 0.00204006.
+    Request 0 explores (no match; equal costs: d0) and charges 0.05836156; each next one exploits
+    d0 (the whole prefix is there) for 0.05644006 until d0's load exceeds 1.5 x the mean AND the
+    mean by 1 s: 2/3 load > 1 s, i.e. load > 1.5 s, after 1 + 26 requests (0.05836156 + 26 x
+    0.05644006 = 1.52580; 25 would give 1.469). Request 27 is rebalanced: it explores, and d1
+    (load 0 + 0.00396) beats d0 (1.5258 + 0.00204). Requests 28-39 then exploit the less loaded of
+    the two holders, d1, whose load (<= 0.6792 before request 39) never exceeds 1.5 x the mean
+    (>= 0.735): 12 more on d1, none on d2.
+    """
+    q = tiny_factory([[1, 2, 3]] * 40, output=[128] * 40)
     p = Preble(ctx_for(q, 3))
-    d0 = p.route(0, 0.0)
-    assert p.route(1, 0.0) == d0  # exploit: the whole prefix is there
-    for i in range(2, 40):
-        p.route(i, 0.0)
-    assert p.counts["rebalanced"] >= 1  # the hot prefix's home got too loaded
-    assert len(set(p.index.match([1, 2, 3]))) >= 1
-    assert min(p.inflight) > 0
+    assert p.route(0, 0.0) == 0
+    assert p.route(1, 0.0) == 0  # exploit: the whole prefix is there
+    routes = [p.route(i, 0.0) for i in range(2, 40)]
+    assert routes == [0] * 25 + [1] * 13
+    assert p.counts == {"exploit": 38, "explore": 2, "rebalanced": 1}
+    assert p.inflight == [27, 13, 0]
+    assert p.index.match(p.blocks(0)) == [3, 3, 0]  # held where it was sent (dense block ids)
+    assert p.load == pytest.approx([0.05836156 + 26 * 0.05644006, 0.05836156 + 12 * 0.05644006, 0])
+
+
+def test_preble_charges_the_expected_output_not_the_true_one(tiny_factory: TinyFactory) -> None:
+    """The decode charge uses the running mean of outputs routed before, never the request's own.
+
+    Three one-block prompts (17 tokens), no shared prefix, all at t = 0; prefill(17, 0) = 0.002 +
+    17 * 4e-5 + 1.3e-9 * 17^2 / 2 = 0.00268018785. Request 0 (true output 100,000) is charged the
+    prior: 128 x 0.000425 = 0.0544 (the old rule charged 42.5 s). The mean then moves by the weight
+    0.05: 128 + 0.05 x (100,000 - 128) = 5121.6 tokens, which request 1 is charged (2.17668 s, on
+    d1: the empty replica is cheaper than d0); then 5121.6 + 0.05 x (128 - 5121.6) = 4871.92.
+    """
+    q = tiny_factory([[1], [2], [3]], output=[100_000, 128, 128])
+    p = Preble(ctx_for(q, 3))
+    prefill = 0.00268018785
+    assert p.route(0, 0.0) == 0
+    assert p.load == pytest.approx([prefill + 128 * 0.000425, 0, 0])
+    assert p.describe()["mean_output_tokens"] == pytest.approx(5121.6)
+    assert p.route(1, 0.0) == 1
+    assert p.load[1] == pytest.approx(prefill + 5121.6 * 0.000425)
+    assert p.describe()["mean_output_tokens"] == pytest.approx(4871.92)
 
 
 def test_rendezvous_order_is_a_permutation_and_stable() -> None:

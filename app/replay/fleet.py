@@ -1,0 +1,143 @@
+"""A fleet of G gateways: each routes only the requests dealt to it and sees only their completions.
+
+Real deployments run many gateway replicas behind an L4 balancer. Each one keeps its own routing
+state - in-flight counts, a reactive router's approximate prefix trees, CHWBL's loads - and learns
+only of the requests it sent. One `Policy` instance is one gateway here:
+
+* **deal** - which gateway takes request i: `round-robin` (i mod G, what an L4 balancer does with
+  many short connections) or `client` (a stable hash of the routing key mod G: every request of a
+  key reaches the same gateway, as with sticky client connections);
+* **completions** - the engine reports finished request ids; each is released on the gateway that
+  routed it, never on another;
+* **shared plans** - plan-based policies (`planned.py`) share one planner: it sees every
+  gateway's requests (the streams agent aggregates all of them) and builds one table per control
+  interval; every gateway installs it `plan_delay_s` later (the plans topic's propagation),
+  each into its own `Router`.
+
+With G = 1 and no delay a fleet routes exactly as the single policy does (same random streams).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from cacheroute.dispatcher.routing import RoutingTable
+from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.planned import _Planned
+from cacheroute.replay.policies import make_policy
+from cacheroute.replay.policy import Policy, PolicyContext
+from cacheroute.replay.requestset import IntArray
+
+__all__ = ["DEALS", "Deal", "Fleet", "FleetConfig", "deal_requests"]
+
+Deal = Literal["round-robin", "client"]
+DEALS: tuple[Deal, ...] = ("round-robin", "client")
+
+_SUMMED = ("routes", "decisions")
+"""describe() entries that are per-gateway counters: the fleet reports their sums."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """How many gateways, how requests reach them, and how fast a new plan reaches them."""
+
+    gateways: int = 1
+    deal: Deal = "round-robin"
+    plan_delay_s: float = 0.0
+    """Seconds (of replay time) from a plan's build to its use by every gateway."""
+
+    def __post_init__(self) -> None:
+        if self.gateways < 1:
+            raise ReplayError("a fleet needs at least one gateway")
+        if self.deal not in DEALS:
+            raise ReplayError(f"deal must be one of {', '.join(DEALS)}, got {self.deal!r}")
+        if not (math.isfinite(self.plan_delay_s) and self.plan_delay_s >= 0):
+            raise ReplayError("plan_delay_s must be finite and >= 0")
+
+
+def deal_requests(ctx: PolicyContext, config: FleetConfig) -> IntArray:
+    """The gateway of every request (see the module docstring)."""
+    n, g = ctx.requests.n, config.gateways
+    if config.deal == "round-robin":
+        out: IntArray = np.arange(n, dtype=np.int64) % g
+        return out
+    per_key = (ctx.hashes >> np.uint64(17)) % np.uint64(g)  # high bits: independent of rings
+    dealt: IntArray = per_key.astype(np.int64)[ctx.requests.key_index]
+    return dealt
+
+
+class Fleet:
+    """G instances of one policy behind an L4 balancer; plan-based ones share the planner."""
+
+    def __init__(self, name: str, ctx: PolicyContext, config: FleetConfig) -> None:
+        self.config = config
+        self.members: list[Policy] = [
+            make_policy(name, ctx if g == 0 else ctx.for_gateway(g)) for g in range(config.gateways)
+        ]
+        self.gateway_of: list[int] = deal_requests(ctx, config).tolist()
+        self.dest: list[int] = [0] * ctx.requests.n
+        self._route = [m.route for m in self.members]
+        self._release = [m.release for m in self.members]
+        leader = self.members[0]
+        self.planner: _Planned | None = leader if isinstance(leader, _Planned) else None
+        self.pending: deque[tuple[float, RoutingTable]] = deque()
+        self.next_activation = math.inf
+
+    def route(self, i: int, t: float) -> int:
+        """Destination of request i at time t, chosen by the gateway it was dealt to."""
+        if t >= self.next_activation:
+            self._activate(t)
+        d = self._route[self.gateway_of[i]](i, t)
+        self.dest[i] = d
+        return d
+
+    def release(self, i: int) -> None:
+        """Request i finished: only the gateway that sent it learns of it."""
+        self._release[self.gateway_of[i]](self.dest[i], i)
+
+    def tick(self, t: float, i: int) -> None:
+        """Control-interval boundary: the shared planner re-plans; other policies get the tick."""
+        if self.planner is None:
+            for m in self.members:
+                m.tick(t, i)
+            return
+        table = self.planner.build(t, i)
+        if table is None:
+            return
+        self.pending.append((t + self.config.plan_delay_s, table))
+        self.next_activation = self.pending[0][0]
+        if self.config.plan_delay_s == 0.0:
+            self._activate(t)
+
+    def _activate(self, t: float) -> None:
+        table = None
+        while self.pending and self.pending[0][0] <= t:
+            _, table = self.pending.popleft()
+        if table is not None:
+            for m in self.members:
+                assert isinstance(m, _Planned)
+                m.install(table)
+        self.next_activation = self.pending[0][0] if self.pending else math.inf
+
+    def describe(self) -> dict[str, Any]:
+        """The first gateway's counters, with per-gateway decision counts summed over the fleet."""
+        out = dict(self.members[0].describe())
+        for key in _SUMMED:
+            if isinstance(out.get(key), dict):
+                total: dict[str, Any] = {}
+                for m in self.members:
+                    for k, v in m.describe().get(key, {}).items():
+                        total[k] = total.get(k, 0) + v
+                out[key] = total
+        if "spilled_requests" in out:
+            out["spilled_requests"] = sum(
+                int(m.describe().get("spilled_requests", 0)) for m in self.members
+            )
+        out["gateways"] = self.config.gateways
+        out["deal"] = self.config.deal
+        return out
