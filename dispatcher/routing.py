@@ -123,6 +123,16 @@ _COLD_CACHE_KEYS = 1 << 16
 """Ring positions of recent cold keys kept per router (the cache is cleared when full)."""
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-mixed 64-bit score (rendezvous hashing within a group)."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
 def ring_hash(text: str) -> int:
     """The stable 64-bit hash of the cold-path ring (the same in every process and gateway)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
@@ -146,7 +156,11 @@ class RoutingTable:
     unknown_destinations: frozenset[str] = frozenset()
     """Destinations the plan names but this gateway does not know (dropped from every T(b))."""
     unplanned_destinations: frozenset[str] = frozenset()
-    """Destinations this gateway knows but the plan does not name (they get P2C traffic only)."""
+    """Destinations this gateway knows but the plan does not name (they get cold traffic only)."""
+    groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Group (the key's text before the last `group_separator`) -> the destinations its admitted
+    keys use, in index order: where a key the plan does not admit goes if its group is known."""
+    group_separator: str | None = None
 
     def __len__(self) -> int:
         return sum(len(s) for s in self.shards) + len(self.multi)
@@ -188,6 +202,7 @@ def build_table(
     *,
     yield_every: int = 0,
     pause: Callable[[], None] | None = None,
+    group_separator: str | None = None,
 ) -> RoutingTable:
     """Map (key, destination names) pairs onto gateway-local indices.
 
@@ -205,7 +220,22 @@ def build_table(
         if pause is not None and yield_every and n % yield_every == 0:
             pause()
     shards, multi = _split(members)
-    return RoutingTable(version, created_ms, shards, multi, unknown, unplanned)
+    groups: dict[str, set[int]] = {}
+    if group_separator:
+        for key, idx in members.items():
+            group, found, _ = key.rpartition(group_separator)
+            if found:
+                groups.setdefault(group, set()).update(idx)
+    return RoutingTable(
+        version,
+        created_ms,
+        shards,
+        multi,
+        unknown,
+        unplanned,
+        {g: tuple(sorted(d)) for g, d in groups.items()},
+        group_separator,
+    )
 
 
 @dataclass
@@ -253,7 +283,8 @@ class Router:
         )
         self._ring_points: list[int] = [p for p, _ in ring]
         self._ring_owners: list[int] = [o for _, o in ring]
-        self._cold_start: dict[str, tuple[int, int]] = {}
+        self._cold_start: dict[str, tuple[int, int, int]] = {}
+        self._salts: list[int] = [ring_hash(name) for name in self.names]
 
     # --------------------------------------------------------------------------- decisions
     def route_index(self, key: str) -> int:
@@ -316,7 +347,7 @@ class Router:
         return self.names[self.route_index(key)]
 
     def _cold(self, key: str) -> int:
-        """The cold path: bounded-load consistent hashing (or P2C without `cold_affinity`)."""
+        """The cold path: the key's group, else bounded-load consistent hashing (or P2C)."""
         if not self.cold_affinity:
             return self._p2c()
         live = self.live
@@ -328,21 +359,47 @@ class Router:
         if seen is None:
             if len(self._cold_start) >= _COLD_CACHE_KEYS:
                 self._cold_start.clear()
-            start = bisect.bisect_left(self._ring_points, ring_hash(key))
+            h = ring_hash(key)
+            start = bisect.bisect_left(self._ring_points, h)
         else:
-            start, last = seen
+            start, last, h = seen
             # where this gateway sent the key last holds its freshest prefix: stay while it may
             if up[last] and inflight[last] < bound:
                 return last
+        best = self._group_member(key, h)
+        if best >= 0 and up[best] and inflight[best] < bound:
+            self._cold_start[key] = (start, best, h)
+            return best
         # a destination may take the key while below ceil(c * (in flight + 1) / live)
         owners = self._ring_owners
         n = len(owners)
         for j in range(start, start + n):
             d = owners[j % n]
             if up[d] and inflight[d] < bound:
-                self._cold_start[key] = (start, d)
+                self._cold_start[key] = (start, d, h)
                 return d
         return self._p2c()  # unreachable while the counts are consistent: the mean is below
+
+    def _group_member(self, key: str, h: int) -> int:
+        """The key's destination within its group's (rendezvous hashing), or -1 if no group.
+
+        Every gateway holding this plan picks the same member for the key, without coordination,
+        so a new conversation of a known tenant lands where the tenant's prompt is warm.
+        """
+        table = self.table
+        if table is None or not table.groups or self.stale:
+            return -1
+        group, sep, _ = key.rpartition(table.group_separator or "/")
+        members = table.groups.get(group) if sep else None
+        if not members:
+            return -1
+        salts = self._salts
+        best, score = -1, -1
+        for m in members:
+            sc = _mix64(h ^ salts[m])
+            if sc > score:
+                best, score = m, sc
+        return best
 
     def _p2c(self) -> int:
         live = self.live
@@ -459,4 +516,30 @@ def table_from_plan(
     unknown = frozenset(n for n in names if n not in local)
     planned = set(names)
     unplanned = frozenset(d for d in gateway_destinations if d not in planned)
-    return RoutingTable(plan.version, plan.created_ms, shards, multi, unknown, unplanned)
+    sep = getattr(getattr(plan, "params", None), "group_separator", None)
+    groups = _groups(keys, offsets, targets, sep, (step, pause)) if sep else {}
+    return RoutingTable(
+        plan.version, plan.created_ms, shards, multi, unknown, unplanned, groups, sep
+    )
+
+
+def _groups(
+    keys: Sequence[str],
+    offsets: Any,
+    targets: Any,
+    sep: str,
+    slicing: tuple[int, Callable[[], None]],
+) -> dict[str, tuple[int, ...]]:
+    """Group -> the (gateway-local) destinations of its admitted keys, sorted."""
+    step, pause = slicing
+    members: dict[str, set[int]] = {}
+    offs = offsets.tolist()
+    tgts = targets.tolist()
+    for i, key in enumerate(keys):
+        group, found, _ = key.rpartition(sep)
+        if found:
+            dests = members.setdefault(group, set())
+            dests.update(t for t in tgts[offs[i] : offs[i + 1]] if t >= 0)
+        if (i + 1) % step == 0:
+            pause()
+    return {g: tuple(sorted(d)) for g, d in members.items() if d}

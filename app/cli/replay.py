@@ -42,7 +42,9 @@ def _time_ms(text: str) -> int:
 @click.option("--format", "fmt", type=click.Choice([*TRACE_FORMATS, "auto"]), default="auto")
 @click.option("--requests", default=10_000, show_default=True, help="Synthetic workload size.")
 @click.option("--keys", default=2000, show_default=True)
-@click.option("--rate", default=100.0, show_default=True, help="Synthetic workload rate.")
+@click.option(
+    "--rate", type=float, help="Synthetic workload rate [default: 100; conversation: 20]."
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--tile", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--compress", type=float, help="Divide the source's timestamps by this.")
@@ -60,7 +62,7 @@ def replay(
     fmt: str,
     requests: int,
     keys: int,
-    rate: float,
+    rate: float | None,
     seed: int,
     tile: int,
     compress: float | None,

@@ -25,7 +25,9 @@ def workload() -> None:
 @click.option("--kind", type=click.Choice(KINDS), default="paper", show_default=True)
 @click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
 @click.option("--requests", default=60_000, show_default=True, type=click.IntRange(min=2))
-@click.option("--rate", default=100.0, show_default=True, help="Offered load, requests/s.")
+@click.option(
+    "--rate", type=float, help="Offered load, requests/s [default: 100; conversation: 20]."
+)
 @click.option("--cv", default=1.0, show_default=True, help="Arrival CV (gamma arrivals if != 1).")
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -39,7 +41,7 @@ def generate_cmd(
     kind: str,
     keys: int,
     requests: int,
-    rate: float,
+    rate: float | None,
     cv: float,
     seed: int,
     out: Path | None,

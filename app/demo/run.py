@@ -506,6 +506,7 @@ def _summary(  # noqa: PLR0917
         return {
             "run_id": options.run_id,
             "topic_prefix": prefix,
+            "observed_max_over_mean": _observed_max_over_mean(gateways),
             "seconds": round(seconds, 1),
             "interrupted": interrupted,
             "failed": state.failed,
@@ -524,6 +525,21 @@ def _summary(  # noqa: PLR0917
                 {"name": c.name, "pid": c.pid, "returncode": c.proc.returncode} for c in children
             ],
         }
+
+
+def _observed_max_over_mean(gateways: list[dict[str, Any]]) -> float | None:
+    """Requests routed per destination over the run, all gateways together: max over mean.
+
+    The plan's `expected_load` says how even routing should be; this says how even it was.
+    """
+    totals: list[int] = []
+    for g in gateways:
+        for i, x in enumerate(g.get("load_total") or []):
+            if i >= len(totals):
+                totals.extend([0] * (i + 1 - len(totals)))
+            totals[i] += int(x)
+    mean = sum(totals) / len(totals) if totals else 0.0
+    return round(max(totals) / mean, 4) if mean > 0 else None
 
 
 def write_json(summary: dict[str, Any]) -> str:

@@ -136,3 +136,22 @@ def _cluster(ev: Evaluation, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def save_fleet_plot(title: str, capacities: dict[str, dict[int, float]], path: Path) -> Path:
+    """SLO capacity against the number of gateways, one line per policy (one source)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, by_g in capacities.items():
+        color, marker, line = _style(name)
+        gs = sorted(by_g)
+        ax.plot(gs, [by_g[g] for g in gs], color=color, marker=marker, linestyle=line, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("gateways G (each with only its own state; plans shared)")
+    ax.set_ylabel("SLO capacity (req/s)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -17,10 +17,12 @@ __all__ = [
     "Check",
     "EvidenceRun",
     "evidence_checks",
+    "fleet_capacities",
     "not_winning",
     "peak_at_middle",
     "relative",
     "render_evidence",
+    "render_fleet",
     "render_run",
 ]
 
@@ -325,6 +327,8 @@ class EvidenceRun:
     evaluation: Evaluation
     plots: Mapping[str, str]
     command: str
+    fleet_group: str | None = None
+    """Runs of one source that differ only in G share a group (the capacity-vs-G tables)."""
 
 
 def not_winning(runs: Sequence[EvidenceRun], checks: Sequence[Check]) -> list[str]:
@@ -355,15 +359,73 @@ def not_winning(runs: Sequence[EvidenceRun], checks: Sequence[Check]) -> list[st
     return items
 
 
+def fleet_capacities(runs: Sequence[EvidenceRun]) -> dict[str, dict[str, dict[int, float]]]:
+    """source -> policy -> G -> SLO capacity, over the runs that differ only in their gateways."""
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for run in runs:
+        if run.fleet_group is None:
+            continue
+        g = run.evaluation.config.fleet.gateways
+        group = out.setdefault(run.fleet_group, {})
+        for name, p in run.evaluation.policies.items():
+            group.setdefault(name, {})[g] = p.slo_capacity_qps
+    return out
+
+
+def render_fleet(
+    capacities: Mapping[str, Mapping[str, Mapping[int, float]]], plots: Mapping[str, str]
+) -> list[str]:
+    """Capacity-vs-G tables: does one shared plan beat routers that each decide alone?"""
+    lines = ["## Many gateways: SLO capacity against G", ""]
+    lines.append(
+        "Each gateway routes the requests dealt to it (round-robin, as an L4 balancer does) with "
+        "only its own state; plan-based policies share the plan. `best other` is the best "
+        "policy that is not `cacheroute`; the last row says whether `cacheroute` has at least "
+        "its capacity (`>=`) or how far below it is."
+    )
+    lines.append("")
+    for source, by_policy in capacities.items():
+        gs = sorted({g for caps in by_policy.values() for g in caps})
+        lines.append(f"### {source}")
+        lines.append("")
+        if source in plots:
+            lines += [f"![capacity against gateways]({plots[source]})", ""]
+        lines.append("| policy | " + " | ".join(f"G = {g}" for g in gs) + " |")
+        lines.append("|---|" + "---|" * len(gs))
+        for name, caps in by_policy.items():
+            cells = [f"{caps[g]:.1f}" if g in caps else "-" for g in gs]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        verdicts = []
+        for g in gs:
+            others = {n: c[g] for n, c in by_policy.items() if n != "cacheroute" and g in c}
+            ours = by_policy.get("cacheroute", {}).get(g)
+            if not others or ours is None:
+                verdicts.append("-")
+                continue
+            best = max(others, key=lambda n: others[n])
+            ratio = ours / others[best] if others[best] > 0 else math.inf
+            verdicts.append(
+                f">= {best}" if ratio >= 1.0 else f"{ratio:.2f}x of {best} ({others[best]:.1f})"
+            )
+        lines.append("| **cacheroute vs best other** | " + " | ".join(verdicts) + " |")
+        lines.append("")
+    return lines
+
+
 def render_evidence(
     runs: Sequence[EvidenceRun],
     checks: Sequence[Check],
     *,
     header: str,
     timing: Mapping[str, Any],
+    fleet_plots: Mapping[str, str] | None = None,
 ) -> str:
     """The whole evidence document (docs/EVALUATION.md)."""
-    lines = [header.rstrip(), "", "## Summary", ""]
+    lines = [header.rstrip(), ""]
+    fleet = fleet_capacities(runs)
+    if fleet:
+        lines += render_fleet(fleet, fleet_plots or {})
+    lines += ["## Summary", ""]
     lines += [
         "| run | diagnostic | simulation | agree | capacity CacheRoute / Flat-LB | "
         "recommendation |",

@@ -35,7 +35,8 @@ class SourceSpec:
     fmt: AutoFormat = "auto"
     requests: int = 60_000
     keys: int = 2000
-    rate: float = 100.0
+    rate: float | None = None
+    """Base rate of a synthetic workload (None: the kind's default, see `spec_for`)."""
     cv: float = 1.0
     seed: int = 0
     key_blocks: int = 2

@@ -384,6 +384,13 @@ def _layout(dr: _Draws, ch: _Chains, b: int) -> _Columns:
 
 # --------------------------------------------------------------------------- conversation
 _CONVERSATION: dict[str, Any] = {
+    # Generated at 20 req/s, not 100: load sweeps compress time, which keeps the number of
+    # sessions alive at once (rate x think time x turns), and that number against the cluster's
+    # prefix-cache room is what decides reuse. 20 req/s x 30 s of think time gives about as many
+    # live sessions as a public hour-long Mooncake conversation trace (~3.3 req/s) tiled 5-6
+    # times to 60k requests; 100 req/s would give five times more live context than the cache
+    # of 30 replicas can hold, and no router could keep a conversation warm.
+    "rate": 20.0,
     "tenant_tokens": 3500.0,
     "message_tokens": 700.0,
     "output_tokens": 343.0,

@@ -236,3 +236,49 @@ def test_spill_can_be_turned_off() -> None:
 def test_bad_spill_settings_are_refused(factor: float, floor: int) -> None:
     with pytest.raises(DispatchError, match="spill"):
         Router(NAMES, spill_factor=factor, spill_min_inflight=floor)
+
+
+def grouped(seed: int = 0, names: list[str] | None = None) -> Router:
+    names = names or [f"d{i}" for i in range(8)]
+    r = Router(names, rng=random.Random(seed))
+    r.table = build_table(
+        3,
+        0,
+        [("t1/a", ["d0"]), ("t1/b", ["d2", "d5"]), ("t2/x", ["d7"])],
+        sorted(names),
+        names,
+        group_separator="/",
+    )
+    return r
+
+
+def test_new_keys_of_a_known_group_go_to_the_groups_destinations() -> None:
+    r = grouped()
+    assert r.table is not None
+    assert dict(r.table.groups) == {"t1": (0, 2, 5), "t2": (7,)}
+    picks = Counter(r.route(f"t1/new-{i}") for i in range(900))
+    # rendezvous hashing over {d0, d2, d5}: every new key lands there, about evenly
+    assert set(picks) == {"d0", "d2", "d5"}
+    assert min(picks.values()) > 200
+    assert Counter(r.route(f"t2/new-{i}") for i in range(50)) == {"d7": 50}
+
+
+def test_every_gateway_picks_the_same_group_member_for_a_key() -> None:
+    names = [f"d{i}" for i in range(8)]
+    a = grouped(seed=1, names=names)
+    b = grouped(seed=2, names=list(reversed(names)))
+    keys = [f"t1/conv-{i}" for i in range(300)]
+    assert [a.route(k) for k in keys] == [b.route(k) for k in keys]
+
+
+def test_keys_of_unknown_groups_and_overloaded_members_use_the_ring() -> None:
+    names = [f"d{i}" for i in range(8)]
+    r = grouped(names=names)
+    assert r.route("t9/conv-1") == _ring_order("t9/conv-1", names)[0]
+    member = r.index[r.route("t2/conv-1")]  # d7, the group's only destination
+    for _ in range(4):
+        r.acquire(member)
+    # 4 in flight on d7: bound ceil(1.25 x 5 / 8) = 1 -> the ring, skipping d7
+    fresh = "t2/conv-2"
+    expected = next(d for d in _ring_order(fresh, names) if d != "d7")
+    assert r.route(fresh) == expected
