@@ -63,6 +63,9 @@ class DispatcherConfig:
     paper's power-of-two-choices."""
     cold_load_factor: float = DEFAULT_COLD_LOAD_FACTOR
     """The cold path's load bound as a multiple of the mean in-flight count (CHWBL's c)."""
+    cold_choices: int = 2
+    """A key new to this gateway goes to the less loaded of its 2 consistent candidates (1: the
+    first only)."""
 
 
 class Dispatcher:
@@ -87,6 +90,7 @@ class Dispatcher:
             spill_min_inflight=self.config.spill_min_inflight,
             cold_affinity=self.config.cold_affinity,
             cold_load_factor=self.config.cold_load_factor,
+            cold_choices=self.config.cold_choices,
         )
         self.clock = clock
         self.health_check = health_check

@@ -13,18 +13,29 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
   request, CHWBL's bound) and at least `spill_min_inflight` (16) -> the cold path below (so the
-  spilled requests of one key still meet on one replica), counted as `spilled`. A plan balances request
-  *rates* over a control interval; the work per request still varies (cache misses, prompt
+  spilled requests of one key still meet on one replica), counted as `spilled`. A plan balances
+  request *rates* over a control interval; the work per request still varies (cache misses, prompt
   lengths, bursts), and a planned key must not pile a queue onto one replica in the meantime;
 - any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
-  no plan yet, or a plan older than the staleness limit -> the **cold path**: consistent hashing
-  with bounded loads (`cold_affinity`, our extension; CHWBL, Mirrokni et al. 2018): walk a hash
-  ring of the destination names from the key's point and take the first live destination whose
-  in-flight count is below ceil(`cold_load_factor` x (in flight + 1) / live). The ring depends only
-  on the names, so every gateway sends a new conversation's turns to the same replica without
-  coordination, and a key moves only when its home is down or overloaded. With
-  `cold_affinity=False` the cold path is the paper's power-of-two-choices;
+  no plan yet, or a plan older than the staleness limit -> the **cold path** (`cold_affinity`, our
+  extension), which gives every key a home without coordination between gateways:
+  * its group's destinations: a key whose group (text before the plan's `group_separator`, e.g.
+    the tenant of `tenant-3/conv-9`) has admitted siblings goes to one of the destinations they
+    use, chosen by rendezvous hashing - a new conversation lands where its tenant's prompt is
+    warm, and every gateway holding the plan picks the same one;
+  * else a ring of the destination names (consistent hashing): the key's first destinations
+    clockwise from its hash;
+  * a key new to this gateway takes the less loaded of its two candidates (the group's top two,
+    or the ring's first two): power of two choices, but only ever between the same two replicas;
+  * the gateway then keeps the key where it last sent it (its freshest prefix is there);
+  * all of it under a load bound, CHWBL's (Mirrokni et al. 2018): a destination takes a cold key
+    only below ceil(`cold_load_factor` x (in flight + 1) / live destinations); past it the key
+    walks the ring to the next destination under the bound.
+  With `cold_affinity=False` the cold path is the paper's power-of-two-choices;
 - every destination down -> power-of-two-choices over all of them (a request is never refused).
+
+"In flight" counts load units: 1 per request by default, or what the gateway says a request
+weighs (`acquire(d, units)`, e.g. 1 + prompt tokens // 512), so every rule above balances work.
 
 Hot-path notes: decisions use plain lists and ints (no numpy scalars, no locks on reads, no
 metrics objects); counters are plain ints exported on scrape.
@@ -254,6 +265,9 @@ class Router:
     cold_affinity: bool = True
     """Cold keys by bounded-load consistent hashing (False: power-of-two-choices, the paper)."""
     cold_load_factor: float = DEFAULT_COLD_LOAD_FACTOR
+    cold_choices: int = 2
+    """Candidates of a key new to this gateway: 2 = the less loaded of its two consistent
+    choices (power of two choices, both fixed by hashing), 1 = its first choice only."""
 
     def __post_init__(self) -> None:
         if not self.destinations:
@@ -266,6 +280,8 @@ class Router:
             raise DispatchError(f"spill_min_inflight must be >= 1, got {self.spill_min_inflight}")
         if len(set(self.destinations)) != len(self.destinations):
             raise DispatchError("destination names must be distinct")
+        if self.cold_choices not in (1, 2):
+            raise DispatchError(f"cold_choices must be 1 or 2, got {self.cold_choices!r}")
         if not (math.isfinite(self.cold_load_factor) and self.cold_load_factor >= 1.0):
             raise DispatchError(f"cold_load_factor must be >= 1, got {self.cold_load_factor!r}")
         self.names: list[str] = list(self.destinations)
@@ -348,13 +364,11 @@ class Router:
 
     def _cold(self, key: str) -> int:
         """The cold path: the key's group, else bounded-load consistent hashing (or P2C)."""
-        if not self.cold_affinity:
-            return self._p2c()
         live = self.live
-        if not live:
+        if not self.cold_affinity or not live:
             return self._p2c()
+        # a destination may take the key while below ceil(c * (in flight + 1) / live)
         bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
-        up, inflight = self.up, self.inflight
         seen = self._cold_start.get(key)
         if seen is None:
             if len(self._cold_start) >= _COLD_CACHE_KEYS:
@@ -364,42 +378,75 @@ class Router:
         else:
             start, last, h = seen
             # where this gateway sent the key last holds its freshest prefix: stay while it may
-            if up[last] and inflight[last] < bound:
+            if self.up[last] and self.inflight[last] < bound:
                 return last
-        best = self._group_member(key, h)
-        if best >= 0 and up[best] and inflight[best] < bound:
-            self._cold_start[key] = (start, best, h)
-            return best
-        # a destination may take the key while below ceil(c * (in flight + 1) / live)
+        d = self._cold_place(key, h, start, bound, fresh=seen is None)
+        self._cold_start[key] = (start, d, h)
+        return d
+
+    def _cold_place(self, key: str, h: int, start: int, bound: int, *, fresh: bool) -> int:
+        """Where a cold key goes: its group's choice, else the first ring destination under
+        the bound. A key new to this gateway takes the less loaded of its two consistent
+        candidates (its group's top two, else its first two ring destinations): new keys then
+        balance load, while every gateway still chooses between the same two replicas only."""
+        up, inflight = self.up, self.inflight
+        first, second = self._group_top2(key, h)
+        if fresh and self.cold_choices == 2:
+            if first < 0:
+                first, second = self._ring_top2(start)
+            if (
+                second >= 0
+                and up[second]
+                and inflight[second] < bound
+                and not (up[first] and inflight[first] <= inflight[second])
+            ):
+                return second
+        if first >= 0 and up[first] and inflight[first] < bound:
+            return first
         owners = self._ring_owners
         n = len(owners)
         for j in range(start, start + n):
             d = owners[j % n]
             if up[d] and inflight[d] < bound:
-                self._cold_start[key] = (start, d, h)
                 return d
         return self._p2c()  # unreachable while the counts are consistent: the mean is below
 
-    def _group_member(self, key: str, h: int) -> int:
-        """The key's destination within its group's (rendezvous hashing), or -1 if no group.
+    def _group_top2(self, key: str, h: int) -> tuple[int, int]:
+        """The key's best two destinations within its group (rendezvous hashing); -1: none.
 
-        Every gateway holding this plan picks the same member for the key, without coordination,
-        so a new conversation of a known tenant lands where the tenant's prompt is warm.
+        Every gateway holding this plan ranks the group's destinations the same way for the key,
+        without coordination, so a new conversation of a known tenant lands where the tenant's
+        prompt is warm.
         """
         table = self.table
         if table is None or not table.groups or self.stale:
-            return -1
+            return -1, -1
         group, sep, _ = key.rpartition(table.group_separator or "/")
         members = table.groups.get(group) if sep else None
         if not members:
-            return -1
+            return -1, -1
         salts = self._salts
-        best, score = -1, -1
+        first = second = -1
+        s1 = s2 = -1
         for m in members:
             sc = _mix64(h ^ salts[m])
-            if sc > score:
-                best, score = m, sc
-        return best
+            if sc > s1:
+                second, s2 = first, s1
+                first, s1 = m, sc
+            elif sc > s2:
+                second, s2 = m, sc
+        return first, second
+
+    def _ring_top2(self, start: int) -> tuple[int, int]:
+        """The first two distinct destinations clockwise from ring point `start`."""
+        owners = self._ring_owners
+        n = len(owners)
+        first = owners[start % n]
+        for j in range(start + 1, start + n):
+            d = owners[j % n]
+            if d != first:
+                return first, d
+        return first, -1
 
     def _p2c(self) -> int:
         live = self.live

@@ -267,6 +267,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     help="Replay seconds from a plan's build until every gateway routes by it.",
 )
 @click.option(
+    "--sync-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Reactive baselines' gateways merge prefix trees and loads every S replay seconds "
+    "(gossiping peers); default: never.",
+)
+@click.option(
     "--seeds",
     type=click.IntRange(1, 64),
     help="Repeat over seeds 0..N-1; capacities are the mean (with _min/_max), verdicts use it.",
@@ -436,7 +443,10 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
             cluster_sizes=_ints(opts["cluster_sizes"]),
             cluster_load_qps=opts["cluster_load"],
             fleet=FleetConfig(
-                gateways=opts["gateways"], deal=opts["deal"], plan_delay_s=opts["plan_delay_s"]
+                gateways=opts["gateways"],
+                deal=opts["deal"],
+                plan_delay_s=opts["plan_delay_s"],
+                sync_s=opts["sync_s"],
             ),
         )
     except ReplayError as exc:

@@ -25,13 +25,22 @@ balance_abs_threshold 32, balance_rel_threshold 1.0001):
     mean is fed at routing time instead - it runs slightly ahead of what a router could know.)
   Preble's prefix autoscaling and priority queues are not modelled.
 Both use the same router-side `PrefixIndex`; neither sees the replicas' real caches.
+
+Gossip (`--sync-s`, fleet.py): a fleet's gateways each see only their own requests. When they
+sync, each one learns the blocks every peer sent to every destination since the last sync
+(`PrefixIndex.merge`: afterwards all gateways' indexes agree) and the peers' loads - in-flight
+counts for `sglang`, decayed GPU seconds for `preble` - as of the sync (`remote`). Decisions then
+use own load (kept live) + remote, as a router whose peers gossip would; Preble's remote load
+decays like its own, since the work it stands for gets done between syncs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
+from cacheroute.replay.baselines import PeerState, peer_load
 from cacheroute.replay.policy import Policy, PolicyContext
 from cacheroute.replay.prefixindex import PrefixIndex
 
@@ -49,10 +58,34 @@ class _PrefixPolicy(Policy):
         self.block_ids = q.block_ids
         self.prompt: list[int] = q.prompt_tokens.tolist()
         self.output: list[int] = q.output_tokens.tolist()
+        self.remote: list[float] | None = None
+        """The peers' load per destination at the last sync (None: no sync yet, or no gossip)."""
 
     def blocks(self, i: int) -> list[int]:
         out: list[int] = self.block_ids[self.offsets[i] : self.offsets[i + 1]].tolist()
         return out
+
+    def own_load(self) -> list[float]:
+        """The load this gateway reports to its peers (in-flight requests by default)."""
+        return [float(x) for x in self.inflight]
+
+    def start_sync(self) -> None:
+        """Journal the blocks sent from now on: peers learn them at the next sync."""
+        self.index.start_journal()
+
+    def export_state(self, t: float) -> PeerState:
+        """Own load and the blocks sent since the last sync (the journal, handed over as is)."""
+        del t
+        return PeerState(self.own_load(), self.index.journal)
+
+    def merge_state(self, others: list[object]) -> None:
+        """Learn the peers' blocks (with this gateway's own, in global order) and their load."""
+        journals = [self.index.journal]
+        for other in others:
+            assert isinstance(other, PeerState)
+            journals.append(other.blocks)
+        self.index.merge([j for j in journals if j is not None])
+        self.remote = peer_load(others, self.ctx.destinations)
 
 
 class SGLang(_PrefixPolicy):
@@ -76,7 +109,12 @@ class SGLang(_PrefixPolicy):
         self.counts = {"balance": 0, "cache_hit": 0, "smallest_tree": 0}
 
     def route(self, i: int, t: float) -> int:
-        inflight = self.inflight
+        own = self.inflight
+        remote = self.remote
+        # with gossip, the balance check and the tie-break see the peers' requests too
+        inflight: Sequence[float] = (
+            own if remote is None else [a + b for a, b in zip(own, remote, strict=True)]
+        )
         hi, lo = max(inflight), min(inflight)
         blocks = self.blocks(i)
         if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
@@ -95,8 +133,8 @@ class SGLang(_PrefixPolicy):
                 sizes = [self.index.size(c) for c in range(len(lengths))]
                 d = sizes.index(min(sizes))
                 self.counts["smallest_tree"] += 1
-        self.index.insert(d, blocks)
-        inflight[d] += 1
+        self.index.insert(d, blocks, i)
+        own[d] += 1
         return d
 
     def describe(self) -> dict[str, Any]:
@@ -146,12 +184,29 @@ class Preble(_PrefixPolicy):
             + s.attention_per_pair_s * (uncached * cached + 0.5 * uncached * uncached)
         )
 
-    def route(self, i: int, t: float) -> int:
+    def _decay(self, t: float) -> None:
+        """Age own (and remote) load to time t: the work it stands for gets done."""
         if t > self.last_t:
             f = math.exp(-(t - self.last_t) / self.window_s)
             self.load = [x * f for x in self.load]
+            if self.remote is not None:
+                self.remote = [x * f for x in self.remote]
             self.last_t = t
-        load = self.load
+
+    def own_load(self) -> list[float]:
+        """Preble's decayed GPU seconds (aged to the sync by `export_state`)."""
+        return list(self.load)
+
+    def export_state(self, t: float) -> PeerState:
+        """Own load aged to the sync time t, and the blocks sent since the last sync."""
+        self._decay(t)
+        return super().export_state(t)
+
+    def route(self, i: int, t: float) -> int:
+        self._decay(t)
+        own = self.load
+        remote = self.remote
+        load = own if remote is None else [a + b for a, b in zip(own, remote, strict=True)]
         blocks = self.blocks(i)
         lengths = self.index.match(blocks)
         p, bt = self.prompt[i], self.block_tokens
@@ -174,10 +229,10 @@ class Preble(_PrefixPolicy):
                     best_cost, d = cost, c
             self.counts["explore"] += 1
         cached = min(lengths[d] * bt, p - 1)
-        load[d] += self._prefill(p - cached, cached) + self.mean_output * self.decode_token_s
+        own[d] += self._prefill(p - cached, cached) + self.mean_output * self.decode_token_s
         # only now, after the charge: a request's own length never prices itself (module doc)
         self.mean_output += self.output_weight * (self.output[i] - self.mean_output)
-        self.index.insert(d, blocks)
+        self.index.insert(d, blocks, i)
         self.inflight[d] += 1
         return d
 

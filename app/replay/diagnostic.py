@@ -19,6 +19,31 @@ of the uncached tokens (with the attention term) plus decoding at a typical batc
 Verdict: `win` if the gain is at least `win_gain` (default 1.10); `lose` if it is below
 `tie_gain` (1.03) while most traffic would be pinned to planned homes (it pays the cost of pinning,
 burstier per-replica load, for nothing); else `tie`.
+
+**The deployed policy** (given `q_cap`; without it every key gets one home, the model above). What
+`cacheroute` does differently from "one home per key", and how the estimate follows it:
+
+  * admission - the planner's own rule (`planner.admission`): keys by rate, k_b = ceil(rate /
+    sizing cap) replicas (cap = min(q_cap, fair_share x mean replica load)), admitted while the
+    C = R x W warm slots last. A key on k_b replicas reaches any one of them (least-loaded, random
+    ties), so a block it sent n times within the horizon is there with 1 - (1 - 1/k_b)^n;
+  * the cold path - every other key goes by bounded-load consistent hashing: it has a home too,
+    but a gateway moves it when the home holds at least ceil(c x (in flight + 1) / R) load units
+    *of that gateway*. The share of cold requests displaced is the probability that a request
+    finds its home at the bound: each home's in-flight units are compound Poisson (Little's law:
+    rate x latency, in work units), the homes' cold rates as hashed (skewed by the keys' rates),
+    the gateway's share 1/G of everything. A displaced request misses the key's own blocks as a
+    spread request would. More gateways -> fewer units per gateway against a bound that is
+    rounded up -> one long prompt in flight already blocks the home: the displacement grows with G;
+  * the comparison - Flat-LB's power-of-two-choices balances on its own gateway's counts only;
+    with G gateways each sees 1/G of the in-flight requests and its choices approach random ones.
+    That costs Flat-LB capacity the deployed policy does not lose (its homes do not depend on
+    counts). The gain is multiplied by `1 + SPREAD_PENALTY x (1 - 1/G)` - calibrated on the
+    evaluation runs, see `SPREAD_PENALTY`.
+
+Conservatism: the estimate ignores queueing, so it is least sure where affinity's load is bursty:
+the bound c caps a home at c x the mean, so a win needs the gain to clear `win_gain` by the share
+of traffic that rides on hashed homes (`uncertainty`); a gain between is a `tie`, never a `win`.
 """
 
 from __future__ import annotations
@@ -29,7 +54,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from cacheroute.planner.admission import admit, replica_counts
+from cacheroute.planner.kernels import python_kernels
 from cacheroute.replay.jit import njit
+from cacheroute.replay.policy import key_hashes
 from cacheroute.replay.requestset import FloatArray, IntArray, RequestSet
 from cacheroute.replay.service import ServiceModel
 
@@ -37,6 +65,9 @@ __all__ = ["Diagnosis", "Verdict", "diagnose"]
 
 Verdict = Literal["win", "tie", "lose"]
 _FIXED_POINT_ROUNDS = 6
+SPREAD_PENALTY = 0.0
+"""Flat-LB's capacity loss at G -> infinity gateways (its P2C then picks at random), as a share:
+the gain is multiplied by 1 + this x (1 - 1/G). Calibrated on the evaluation runs (module doc)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -310,6 +310,7 @@ class Evaluation:
             "gateways": cfg.fleet.gateways,
             "deal": cfg.fleet.deal,
             "plan_delay_s": cfg.fleet.plan_delay_s,
+            "sync_s": cfg.fleet.sync_s,
             "plan": {
                 "q_cap": self.q_cap,
                 "q_cap_source": "given"

@@ -12,7 +12,13 @@ only of the requests it sent. One `Policy` instance is one gateway here:
 * **shared plans** - plan-based policies (`planned.py`) share one planner: it sees every
   gateway's requests (the streams agent aggregates all of them) and builds one table per control
   interval; every gateway installs it `plan_delay_s` later (the plans topic's propagation),
-  each into its own `Router`.
+  each into its own `Router`;
+* **gossip** - with `sync_s` set, every `sync_s` seconds of replay time the gateways of a reactive
+  policy that can (`Gossiping`: sglang, preble, chwbl, flat-lb) merge their state as peers that
+  gossip would: each learns the blocks the others sent (prefix indexes) and the others' loads as
+  of the sync. Without it a reactive baseline at G > 1 is judged on 1/G of the information a
+  plan-based policy's shared planner gets; with it the comparison gives them their peers' view.
+  Plan-based policies ignore it (they share the plan already).
 
 With G = 1 and no delay a fleet routes exactly as the single policy does (same random streams).
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -33,7 +39,7 @@ from cacheroute.replay.policies import make_policy
 from cacheroute.replay.policy import Policy, PolicyContext
 from cacheroute.replay.requestset import IntArray
 
-__all__ = ["DEALS", "Deal", "Fleet", "FleetConfig", "deal_requests"]
+__all__ = ["DEALS", "Deal", "Fleet", "FleetConfig", "Gossiping", "deal_requests"]
 
 Deal = Literal["round-robin", "client"]
 DEALS: tuple[Deal, ...] = ("round-robin", "client")
@@ -50,6 +56,8 @@ class FleetConfig:
     deal: Deal = "round-robin"
     plan_delay_s: float = 0.0
     """Seconds (of replay time) from a plan's build to its use by every gateway."""
+    sync_s: float | None = None
+    """Reactive policies' gateways merge their state every this many replay seconds (None: never)."""
 
     def __post_init__(self) -> None:
         if self.gateways < 1:
@@ -58,6 +66,27 @@ class FleetConfig:
             raise ReplayError(f"deal must be one of {', '.join(DEALS)}, got {self.deal!r}")
         if not (math.isfinite(self.plan_delay_s) and self.plan_delay_s >= 0):
             raise ReplayError("plan_delay_s must be finite and >= 0")
+        if self.sync_s is not None and not (math.isfinite(self.sync_s) and self.sync_s > 0):
+            raise ReplayError("sync_s must be None or finite and > 0")
+
+
+@runtime_checkable
+class Gossiping(Protocol):
+    """A policy whose gateways can merge their state (`FleetConfig.sync_s`).
+
+    The fleet calls `start_sync` on every gateway before the first request; then at every sync
+    it collects each gateway's `export_state` (its *own* state: what it routed, never what it
+    merged, so no request is counted twice) before handing each gateway the others' exports.
+    """
+
+    def start_sync(self) -> None:
+        """Start recording what the peers will need (e.g. a journal of inserted blocks)."""
+
+    def export_state(self, t: float) -> object:
+        """This gateway's own state at the sync time t, to be read by its peers."""
+
+    def merge_state(self, others: list[object]) -> None:
+        """Fold the other gateways' exports into this gateway's view."""
 
 
 def deal_requests(ctx: PolicyContext, config: FleetConfig) -> IntArray:
@@ -87,11 +116,25 @@ class Fleet:
         self.planner: _Planned | None = leader if isinstance(leader, _Planned) else None
         self.pending: deque[tuple[float, RoutingTable]] = deque()
         self.next_activation = math.inf
+        self.gossip: list[Gossiping] = []
+        self.syncs = 0
+        self.first_t = 0.0
+        self.next_sync = math.inf
+        if config.sync_s is not None and config.gateways > 1 and ctx.requests.n:
+            gossip: list[Gossiping] = [m for m in self.members if isinstance(m, Gossiping)]
+            if len(gossip) == len(self.members):
+                self.gossip = gossip
+                for m in gossip:
+                    m.start_sync()
+                self.first_t = float(ctx.requests.times[0])
+                self.next_sync = self.first_t + config.sync_s
 
     def route(self, i: int, t: float) -> int:
         """Destination of request i at time t, chosen by the gateway it was dealt to."""
         if t >= self.next_activation:
             self._activate(t)
+        if t >= self.next_sync:
+            self._sync(t)
         d = self._route[self.gateway_of[i]](i, t)
         self.dest[i] = d
         return d
@@ -124,6 +167,22 @@ class Fleet:
                 m.install(table)
         self.next_activation = self.pending[0][0] if self.pending else math.inf
 
+    def _sync(self, t: float) -> None:
+        """Every gateway merges the others' state (all export first, then all merge).
+
+        Syncs fall on a fixed grid (first arrival + k * sync_s); one arrival after several
+        grid points syncs once, as there was nothing new to gossip in between.
+        """
+        states = [m.export_state(t) for m in self.gossip]
+        for g, m in enumerate(self.gossip):
+            m.merge_state(states[:g] + states[g + 1 :])
+        self.syncs += 1
+        assert self.config.sync_s is not None
+        k = math.floor((t - self.first_t) / self.config.sync_s) + 1
+        self.next_sync = self.first_t + k * self.config.sync_s
+        if self.next_sync <= t:  # rounding: never sync twice for one arrival
+            self.next_sync = t + self.config.sync_s
+
     def describe(self) -> dict[str, Any]:
         """The first gateway's counters, with per-gateway decision counts summed over the fleet."""
         out = dict(self.members[0].describe())
@@ -140,4 +199,7 @@ class Fleet:
             )
         out["gateways"] = self.config.gateways
         out["deal"] = self.config.deal
+        if self.gossip:
+            out["sync_s"] = self.config.sync_s
+            out["syncs"] = self.syncs
         return out

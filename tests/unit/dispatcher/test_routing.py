@@ -282,3 +282,27 @@ def test_keys_of_unknown_groups_and_overloaded_members_use_the_ring() -> None:
     fresh = "t2/conv-2"
     expected = next(d for d in _ring_order(fresh, names) if d != "d7")
     assert r.route(fresh) == expected
+
+
+def test_a_new_key_takes_the_less_loaded_of_its_two_ring_candidates_then_stays() -> None:
+    names = [f"d{i}" for i in range(8)]
+    r = Router(names, rng=random.Random(0))
+    key = "conv-77"
+    first, second = (r.index[n] for n in _ring_order(key, names)[:2])
+    for d in range(8):  # 16 in flight, 2 each: bound ceil(1.25 x 17 / 8) = 3
+        r.acquire(d)
+        r.acquire(d)
+    r.release(second)  # the second candidate is now the less loaded: 1 against 2
+    assert r.route(key) == names[second]
+    r.acquire(second)
+    r.acquire(second)  # 3 there now, at the bound: the key is no longer held there
+    r.release(first)
+    # seen before, its last destination is at the bound: the first candidate (under it)
+    assert r.route(key) == names[first]
+    one = Router(names, rng=random.Random(0), cold_choices=1)
+    for d in range(8):
+        one.acquire(d)
+    one.release(second)
+    assert one.route(key) == names[first]  # one choice: the ring home while under the bound
+    with pytest.raises(DispatchError, match="cold_choices"):
+        Router(names, cold_choices=3)
