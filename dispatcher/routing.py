@@ -44,6 +44,7 @@ metrics objects); counters are plain ints exported on scrape.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import logging
 import math
@@ -147,6 +148,19 @@ def _mix64(x: int) -> int:
 def ring_hash(text: str) -> int:
     """The stable 64-bit hash of the cold-path ring (the same in every process and gateway)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+@functools.lru_cache(maxsize=16)
+def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int]]:
+    """(sorted points, owner index of each point) of the cold-path ring over `names`.
+
+    Depends only on the names, so routers over the same destinations share one (callers never
+    mutate the lists).
+    """
+    ring = sorted(
+        (ring_hash(f"{name}#{j}"), i) for i, name in enumerate(names) for j in range(RING_VNODES)
+    )
+    return [p for p, _ in ring], [o for _, o in ring]
 
 
 @dataclass(frozen=True)
@@ -292,13 +306,7 @@ class Router:
         self.counts: list[int] = [0] * len(RouteKind.NAMES)
         self.total_inflight = 0
         self._lock = threading.Lock()
-        ring = sorted(
-            (ring_hash(f"{name}#{j}"), i)
-            for i, name in enumerate(self.names)
-            for j in range(RING_VNODES)
-        )
-        self._ring_points: list[int] = [p for p, _ in ring]
-        self._ring_owners: list[int] = [o for _, o in ring]
+        self._ring_points, self._ring_owners = _ring(tuple(self.names))
         self._cold_start: dict[str, tuple[int, int, int]] = {}
         self._salts: list[int] = [ring_hash(name) for name in self.names]
 

@@ -52,7 +52,7 @@ from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.seeds import combine
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig
-from cacheroute.replay.sources import SourceSpec, load_source
+from cacheroute.replay.sources import KeyBlocks, SourceSpec, load_source, resolve_key_blocks
 from cacheroute.replay.traces import TRACE_FORMATS
 from cacheroute.replay.workloads import KINDS
 
@@ -125,6 +125,22 @@ def _slo(value: object) -> tuple[float, bool]:
     return ms, False
 
 
+def _key_blocks(value: object) -> KeyBlocks:
+    """--key-blocks: "auto" or a number of leading block ids (>= 1)."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise click.BadParameter(f"--key-blocks: expected an integer >= 1 or 'auto', got {value!r}")
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class _Run:
     source: SourceSpec
@@ -155,6 +171,9 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     start = time.perf_counter()
     with _bars(console) as bars:
         bars.stage("loading the workload", 1)
+        sim = run.config.sim
+        source = resolve_key_blocks(run.source, destinations=sim.destinations, service=sim.service)
+        run = replace(run, source=source)
         requests = load_source(run.source)
         knee, note = _held_out(run.source, requests)
         result = evaluate(
@@ -270,8 +289,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "--sync-s",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Reactive baselines' gateways merge prefix trees and loads every S replay seconds "
+    help="Reactive baselines' gateways merge their prefix trees every S replay seconds "
     "(gossiping peers); default: never.",
+)
+@click.option(
+    "--sync-load",
+    is_flag=True,
+    help="With --sync-s, peers also share load snapshots (measured to hurt the baselines).",
 )
 @click.option(
     "--seeds",
@@ -293,7 +317,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
 )
 @click.option("--cluster-sizes", help="Also sweep R at a fixed load, e.g. 8,30,60.")
 @click.option("--cluster-load", type=float, help="Load of that sweep [default: reference load].")
-@click.option("--key-blocks", default=2, show_default=True, help="Mooncake key: leading ids.")
+@click.option(
+    "--key-blocks",
+    default="2",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _key_blocks(value),
+    help="Mooncake key: leading block ids, or auto: 1-6, the diagnostic's best (~5 s).",
+)
 @click.option("--tile", type=click.IntRange(min=1), help="Trace copies [default: enough].")
 @click.option("--limit", type=click.IntRange(min=1), help="Read at most this many trace lines.")
 @click.option("--cache-tokens", type=int, help=f"[{_DEFAULTS.cache_tokens}]")
@@ -416,7 +446,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
         rate=opts["rate"],
         cv=opts["cv"],
         seed=opts["seed"],
-        key_blocks=opts["key_blocks"],
+        key_blocks=_key_blocks(opts["key_blocks"]),
         tile=opts["tile"],
         limit=opts["limit"],
     )
@@ -447,6 +477,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
                 deal=opts["deal"],
                 plan_delay_s=opts["plan_delay_s"],
                 sync_s=opts["sync_s"],
+                sync_load=opts["sync_load"],
             ),
         )
     except ReplayError as exc:

@@ -106,9 +106,10 @@ class FlatLB(Policy):
         del t
         return PeerState([float(x) for x in self.inflight])
 
-    def merge_state(self, others: list[object]) -> None:
+    def merge_state(self, others: list[object], *, loads: bool) -> None:
         """Take the peers' counts as this gateway's view of the load it did not send."""
-        self.remote = peer_load(others, self.ctx.destinations)
+        if loads:
+            self.remote = peer_load(others, self.ctx.destinations)
 
     def release(self, d: int, i: int) -> None:
         self.router.release(d)
@@ -219,10 +220,11 @@ class Chwbl(Policy):
         del t
         return PeerState([float(x) for x in self.inflight])
 
-    def merge_state(self, others: list[object]) -> None:
+    def merge_state(self, others: list[object], *, loads: bool) -> None:
         """Take the peers' counts as this gateway's view of the load it did not send."""
-        self.remote = peer_load(others, self.ctx.destinations)
-        self.remote_total = sum(self.remote)
+        if loads:
+            self.remote = peer_load(others, self.ctx.destinations)
+            self.remote_total = sum(self.remote)
 
     def describe(self) -> dict[str, Any]:
         return {"c": self.c, "spilled_requests": self.spilled}

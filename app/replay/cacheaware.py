@@ -78,14 +78,15 @@ class _PrefixPolicy(Policy):
         del t
         return PeerState(self.own_load(), self.index.journal)
 
-    def merge_state(self, others: list[object]) -> None:
-        """Learn the peers' blocks (with this gateway's own, in global order) and their load."""
+    def merge_state(self, others: list[object], *, loads: bool) -> None:
+        """Learn the peers' blocks (with this gateway's own, in global order), and their load."""
         journals = [self.index.journal]
         for other in others:
             assert isinstance(other, PeerState)
             journals.append(other.blocks)
         self.index.merge([j for j in journals if j is not None])
-        self.remote = peer_load(others, self.ctx.destinations)
+        if loads:
+            self.remote = peer_load(others, self.ctx.destinations)
 
 
 class SGLang(_PrefixPolicy):

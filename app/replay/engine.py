@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -318,6 +319,8 @@ class Engine:
     comp: IntArray
     cache: CacheState
     scratch: IntArray
+    _args: tuple[Any, ...] | None = None
+    """The kernel's arguments after (i, d, t_next), bound once: a request's step is one call."""
 
     @classmethod
     def create(cls, requests: RequestSet, service: ServiceModel, destinations: int) -> Engine:
@@ -362,13 +365,16 @@ class Engine:
 
     def step(self, i: int, d: int, t_next: float) -> int:
         """Submit request i to replica d and advance to t_next; finished requests are comp[:count]."""
-        q, c = self.requests, self.cache
-        return engine_step(
-            i, d, t_next, q.times, self.df, self.di, self.sf, self.si, self.qnext,
-            q.prompt_tokens, q.output_tokens, q.block_offsets, q.block_ids, q.block_tokens,
-            self.sv, self.service.chunk_s, self.out_f, self.out_i, self.comp, c.cap, c.tkeys,
-            c.tvals, c.ekey, c.eprev, c.enext, c.dstate, self.scratch,
-        )  # fmt: skip
+        args = self._args
+        if args is None:
+            q, c = self.requests, self.cache
+            args = self._args = (
+                q.times, self.df, self.di, self.sf, self.si, self.qnext, q.prompt_tokens,
+                q.output_tokens, q.block_offsets, q.block_ids, q.block_tokens, self.sv,
+                self.service.chunk_s, self.out_f, self.out_i, self.comp, c.cap, c.tkeys, c.tvals,
+                c.ekey, c.eprev, c.enext, c.dstate, self.scratch,
+            )  # fmt: skip
+        return engine_step(i, d, t_next, *args)
 
     def queued(self) -> IntArray:
         """Requests waiting in each replica's queue right now."""

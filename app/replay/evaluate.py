@@ -642,7 +642,19 @@ def evaluate(
             capacity_is_lower_bound=runner.passes(sweeps[name][-1]),
         )
     rep.stage("diagnostic", 1)
-    diag = diagnose(runner.at(reference), r, config.sim.service)
+    diag = diagnose(
+        runner.at(reference),
+        r,
+        config.sim.service,
+        q_cap=runner.q_cap,
+        warm_slots=config.warm_slots,
+        fair_share=config.fair_share,
+        gateways=config.fleet.gateways,
+        cold_affinity=config.cold_affinity,
+        cold_load_factor=config.cold_load_factor,
+        work_unit_tokens=config.work_unit_tokens,
+        intervals=config.intervals,
+    )
     rep.advance(1)
     cr, fl = reports["cacheroute"], reports["flat-lb"]
     ratio = cr.slo_capacity_qps / fl.slo_capacity_qps if fl.slo_capacity_qps > 0 else math.inf

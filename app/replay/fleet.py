@@ -15,10 +15,14 @@ only of the requests it sent. One `Policy` instance is one gateway here:
   each into its own `Router`;
 * **gossip** - with `sync_s` set, every `sync_s` seconds of replay time the gateways of a reactive
   policy that can (`Gossiping`: sglang, preble, chwbl, flat-lb) merge their state as peers that
-  gossip would: each learns the blocks the others sent (prefix indexes) and the others' loads as
-  of the sync. Without it a reactive baseline at G > 1 is judged on 1/G of the information a
-  plan-based policy's shared planner gets; with it the comparison gives them their peers' view.
-  Plan-based policies ignore it (they share the plan already).
+  gossip would: each learns the blocks the others sent (prefix indexes), and with `sync_load`
+  also the others' loads as of the sync. Without it a reactive baseline at G > 1 is judged on 1/G
+  of the information a plan-based policy's shared planner gets; with it the comparison gives them
+  their peers' view. Loads are not shared by default: measured on whale and conversation at
+  G = 4, a load snapshot that stays fixed until the next sync herds every gateway away from the
+  destinations that were busy at the sync and lowers sglang's, chwbl's and flat-lb's capacity,
+  while shared prefix indexes alone raise sglang's and preble's - the fair comparison gives the
+  baselines the better of the two. Plan-based policies ignore it (they share the plan already).
 
 With G = 1 and no delay a fleet routes exactly as the single policy does (same random streams).
 """
@@ -58,6 +62,8 @@ class FleetConfig:
     """Seconds (of replay time) from a plan's build to its use by every gateway."""
     sync_s: float | None = None
     """Reactive policies' gateways merge their state every this many replay seconds (None: never)."""
+    sync_load: bool = False
+    """With `sync_s`: share load views too, not only prefix indexes (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if self.gateways < 1:
@@ -85,8 +91,8 @@ class Gossiping(Protocol):
     def export_state(self, t: float) -> object:
         """This gateway's own state at the sync time t, to be read by its peers."""
 
-    def merge_state(self, others: list[object]) -> None:
-        """Fold the other gateways' exports into this gateway's view."""
+    def merge_state(self, others: list[object], *, loads: bool) -> None:
+        """Fold the other gateways' exports into this gateway's view (their loads if `loads`)."""
 
 
 def deal_requests(ctx: PolicyContext, config: FleetConfig) -> IntArray:
@@ -175,7 +181,7 @@ class Fleet:
         """
         states = [m.export_state(t) for m in self.gossip]
         for g, m in enumerate(self.gossip):
-            m.merge_state(states[:g] + states[g + 1 :])
+            m.merge_state(states[:g] + states[g + 1 :], loads=self.config.sync_load)
         self.syncs += 1
         assert self.config.sync_s is not None
         k = math.floor((t - self.first_t) / self.config.sync_s) + 1

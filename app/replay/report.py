@@ -21,6 +21,7 @@ __all__ = [
     "not_winning",
     "peak_at_middle",
     "relative",
+    "render_agreement",
     "render_evidence",
     "render_fleet",
     "render_run",
@@ -412,6 +413,49 @@ def render_fleet(
     return lines
 
 
+def render_agreement(runs: Sequence[EvidenceRun]) -> list[str]:
+    """Diagnostic vs simulation over all runs: how often they agree, where not, and any `win`
+    the diagnostic predicted where the simulation says `lose` (the one error it must not make:
+    it would recommend deploying where the deployment loses capacity)."""
+    agree = [r for r in runs if r.evaluation.agree]
+    lines = [
+        "",
+        "### Diagnostic vs simulation agreement over all runs",
+        "",
+        f"The workload-only diagnostic agrees with the simulation's verdict in {len(agree)} of "
+        f"{len(runs)} runs.",
+    ]
+    wrong = [
+        r
+        for r in runs
+        if r.evaluation.diagnostic.verdict == "win" and r.evaluation.simulation_verdict == "lose"
+    ]
+    if wrong:
+        lines.append(
+            f"**Warning: the diagnostic predicted `win` where the simulation says `lose` in "
+            f"{len(wrong)} run(s): {', '.join(r.title for r in wrong)}.**"
+        )
+    else:
+        lines.append("It never predicts `win` where the simulation says `lose`.")
+    missed = [r for r in runs if not r.evaluation.agree]
+    if missed:
+        lines += [
+            "",
+            "| run | G | diagnostic (predicted gain) | simulation (capacity ratio) |",
+            "|---|---|---|---|",
+        ]
+        for r in missed:
+            ev = r.evaluation
+            d = ev.diagnostic
+            mark = " **win vs lose**" if r in wrong else ""
+            lines.append(
+                f"| {r.title} | {ev.config.fleet.gateways} | {d.verdict} "
+                f"({d.predicted_gain:.2f}x) | {ev.simulation_verdict} "
+                f"({_ratio(ev.capacity_ratio)}){mark} |"
+            )
+    return lines
+
+
 def render_evidence(
     runs: Sequence[EvidenceRun],
     checks: Sequence[Check],
@@ -437,6 +481,7 @@ def render_evidence(
             f"| {run.title} | {ev.diagnostic.verdict} | {ev.simulation_verdict} | "
             f"{'yes' if ev.agree else 'no'} | {_ratio(ev.capacity_ratio)} | {ev.recommendation} |"
         )
+    lines += render_agreement(runs)
     lines += ["", "### Where CacheRoute does not win", ""]
     lines += [f"- {item}" for item in not_winning(runs, checks)] or ["- nowhere in these runs"]
     lines += ["", "### Evidence criteria of the issue, checked on these runs", ""]

@@ -9,21 +9,44 @@ RequestSet back out as a generic or a Mooncake trace.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import orjson
 
+from cacheroute.replay.diagnostic import diagnose, uncached_work
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
+from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.traces import MOONCAKE_BLOCK_TOKENS, TraceFormat, read_trace
 from cacheroute.replay.workloads import WorkloadKind, generate, spec_for
 
-__all__ = ["SourceSpec", "detect_format", "load_source", "write_jsonl", "write_mooncake"]
+__all__ = [
+    "KEY_BLOCKS_CANDIDATES",
+    "KeyBlocks",
+    "SourceSpec",
+    "choose_key_blocks",
+    "detect_format",
+    "load_source",
+    "resolve_key_blocks",
+    "write_jsonl",
+    "write_mooncake",
+]
 
 AutoFormat = TraceFormat | Literal["auto"]
+KeyBlocks = int | Literal["auto"]
+DEFAULT_KEY_BLOCKS = 2
+KEY_BLOCKS_CANDIDATES = (1, 2, 3, 4, 5, 6)
+"""What `--key-blocks auto` tries. Not the default: on the test Mooncake trace (20,000 requests
+tiled) each candidate costs a read and a diagnostic, ~0.9 s, so ~5 s in all (the bar was 2 s)."""
+AUTO_TOLERANCE = 0.01
+"""Gains within this of the best count as equal, and the fewest blocks among them wins: keys
+that group requests alike differ only in their hashed homes, which is noise, not benefit."""
+AUTO_BUSY = 0.8
+"""`auto` diagnoses each candidate at the load that keeps R replicas this busy with no cache hits:
+near the loads an evaluation compares capacities at, where eviction decides what reuse is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +62,37 @@ class SourceSpec:
     """Base rate of a synthetic workload (None: the kind's default, see `spec_for`)."""
     cv: float = 1.0
     seed: int = 0
-    key_blocks: int = 2
+    key_blocks: KeyBlocks = 2
+    """Mooncake key: the first this many block ids, or `auto` (see `choose_key_blocks`)."""
     tile: int | None = None
     """Trace copies; None = as many as `requests` needs."""
     limit: int | None = None
+    key_blocks_gains: tuple[tuple[int, float], ...] = ()
+    """With `auto`, once chosen (`resolve_key_blocks`): each candidate and its predicted gain."""
+
+    @property
+    def key_blocks_chosen(self) -> int:
+        """The key_blocks the reader uses: the given number, auto's choice, or the default 2."""
+        if isinstance(self.key_blocks, int):
+            return self.key_blocks
+        if self.key_blocks_gains:
+            best = max(g for _, g in self.key_blocks_gains)
+            return min(k for k, g in self.key_blocks_gains if g >= best - AUTO_TOLERANCE)
+        return DEFAULT_KEY_BLOCKS
 
     def describe(self) -> dict[str, Any]:
         """For reports."""
         if self.workload is not None:
             return {"kind": self.workload, "keys": self.keys, "seed": self.seed, "cv": self.cv}
-        return {"trace": str(self.trace), "format": self.fmt, "key_blocks": self.key_blocks}
+        out: dict[str, Any] = {
+            "trace": str(self.trace),
+            "format": self.fmt,
+            "key_blocks": self.key_blocks,
+            "key_blocks_chosen": self.key_blocks_chosen,
+        }
+        if self.key_blocks_gains:
+            out["key_blocks_gains"] = {str(k): g for k, g in self.key_blocks_gains}
+        return out
 
 
 def detect_format(path: Path) -> TraceFormat:
@@ -82,13 +126,68 @@ def load_source(spec: SourceSpec) -> RequestSet:
             spec.workload, keys=spec.keys, requests=spec.requests, rate=spec.rate, **cv_spec
         )
         return generate(wl, rng)
-    assert spec.trace is not None
-    fmt = detect_format(spec.trace) if spec.fmt == "auto" else spec.fmt
+    trace = spec.trace
+    assert trace is not None
+    fmt = detect_format(trace) if spec.fmt == "auto" else spec.fmt
+    if spec.key_blocks == "auto" and not spec.key_blocks_gains and fmt == "mooncake":
+        spec = resolve_key_blocks(spec)  # defaults (R = 30); the CLI resolves with its own R
     base = read_trace(
-        spec.trace, fmt, rng=rng, key_blocks=spec.key_blocks, limit=spec.limit, keys=spec.keys
+        trace,
+        fmt,
+        rng=rng,
+        key_blocks=spec.key_blocks_chosen,
+        limit=spec.limit,
+        keys=spec.keys,
     )
+    if spec.key_blocks_gains and fmt == "mooncake":
+        gains = ", ".join(f"{k}: {g:.3f}x" for k, g in spec.key_blocks_gains)
+        note = f"key_blocks auto: chose {spec.key_blocks_chosen} (predicted gain by key_blocks {gains})"
+        base = replace(base, notes=(*base.notes, note))
     copies = spec.tile if spec.tile is not None else max(1, math.ceil(spec.requests / base.n))
     return base.tiled(copies, rng) if copies > 1 else base
+
+
+def choose_key_blocks(
+    spec: SourceSpec,
+    *,
+    destinations: int = 30,
+    service: ServiceModel | None = None,
+    candidates: tuple[int, ...] = KEY_BLOCKS_CANDIDATES,
+) -> tuple[tuple[int, float], ...]:
+    """Each candidate key_blocks and the diagnostic's predicted gain of the deployed policy with it.
+
+    The key decides what a plan can do: too few blocks and a few shared system prompts become
+    giant keys the planner must spread over many replicas; too many and one conversation splits
+    into keys whose shared blocks land on different homes. The diagnostic models exactly that
+    (admission with fair-share sizing, cold homes), so the best key is the one it expects most
+    from. Each candidate is read and tiled as `load_source` would, time-compressed to `AUTO_BUSY`
+    (the knee, and so q_cap, is not known yet: fair-share sizing at this load stands in for it).
+    """
+    svc = service or ServiceModel()
+    out: list[tuple[int, float]] = []
+    for kb in candidates:
+        q = load_source(replace(spec, key_blocks=kb, key_blocks_gains=()))
+        load = AUTO_BUSY * destinations / max(uncached_work(q, svc), 1e-9)
+        q = q.compressed(load / q.rate)
+        d = diagnose(q, destinations, svc, q_cap=q.rate / destinations)
+        out.append((kb, d.predicted_gain))
+    return tuple(out)
+
+
+def resolve_key_blocks(
+    spec: SourceSpec, *, destinations: int = 30, service: ServiceModel | None = None
+) -> SourceSpec:
+    """`spec` with `auto` key_blocks chosen (`choose_key_blocks`); other specs as they are.
+
+    Only Mooncake traces have block-id keys: for anything else auto stays unresolved (and unused).
+    """
+    if spec.key_blocks != "auto" or spec.key_blocks_gains or spec.trace is None:
+        return spec
+    fmt = detect_format(spec.trace) if spec.fmt == "auto" else spec.fmt
+    if fmt != "mooncake":
+        return spec
+    gains = choose_key_blocks(spec, destinations=destinations, service=service)
+    return replace(spec, key_blocks_gains=gains)
 
 
 def write_jsonl(requests: RequestSet, path: Path) -> int:

@@ -32,7 +32,7 @@ def test_after_a_sync_both_gateways_match_a_prompt_only_one_routed(
     # request 0 -> gateway 0 at t=0; request 1 -> gateway 1 at t=0.5; the sync (every 2 s) comes
     # before request 2 (gateway 0, t=2)
     q = tiny_factory([[11, 12, 13, 14], [21, 22], [31, 32, 33]], times=[0.0, 0.5, 2.0])
-    fleet = Fleet(name, ctx_for(q), FleetConfig(gateways=2, sync_s=2.0))
+    fleet = Fleet(name, ctx_for(q), FleetConfig(gateways=2, sync_s=2.0, sync_load=True))
     a, b = fleet.members
     assert isinstance(a, SGLang | Preble)
     assert isinstance(b, SGLang | Preble)
@@ -77,7 +77,7 @@ def test_a_load_sent_by_one_gateway_steers_the_other_after_a_sync(
     # excludes the owner (0 own + 1 remote), so it spills to the next destination on the ring.
     q = tiny_factory([[1], [1]], times=[0.0, 2.0], keys=["k", "k"])
     alone = Fleet("chwbl", ctx_for(q), FleetConfig(gateways=2))
-    synced = Fleet("chwbl", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0))
+    synced = Fleet("chwbl", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0, sync_load=True))
     owner = alone.route(0, 0.0)
     assert synced.route(0, 0.0) == owner
     assert alone.route(1, 2.0) == owner  # no gossip: gateway 1 thinks the owner is idle
@@ -97,7 +97,7 @@ def test_preble_explores_away_from_a_peer_s_load_and_the_remote_load_decays(
     # destination, d0 first on ties. After the sync gateway 1 sees gateway 0's charge on d0.
     q = tiny_factory([[1, 2, 3], [7, 8, 9]], times=[0.0, 3.0])
     alone = Fleet("preble", ctx_for(q), FleetConfig(gateways=2))
-    synced = Fleet("preble", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0))
+    synced = Fleet("preble", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0, sync_load=True))
     assert alone.route(0, 0.0) == synced.route(0, 0.0) == 0
     assert alone.route(1, 3.0) == 0
     assert synced.route(1, 3.0) == 1
@@ -114,7 +114,7 @@ def test_flat_lb_never_picks_a_destination_its_peers_loaded(
     workload_factory: WorkloadFactory,
 ) -> None:
     q = workload_factory("paper", requests=200)
-    fleet = Fleet("flat-lb", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0))
+    fleet = Fleet("flat-lb", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0, sync_load=True))
     b = fleet.members[1]
     assert isinstance(b, FlatLB)
     b.remote = [100.0, 0.0, 0.0, 0.0]  # what a sync would report after a peer's burst on d0
@@ -168,3 +168,15 @@ def test_bad_sync_periods_are_refused(bad: float) -> None:
 def test_sync_period_defaults_to_never() -> None:
     assert FleetConfig().sync_s is None
     assert FleetConfig(sync_s=0.25).sync_s == 0.25
+
+
+def test_loads_are_shared_only_when_asked(workload_factory: WorkloadFactory) -> None:
+    q = workload_factory("paper", requests=200)
+    for share in (False, True):
+        fleet = Fleet("chwbl", ctx_for(q), FleetConfig(gateways=2, sync_s=1.0, sync_load=share))
+        a, b = fleet.members
+        assert isinstance(a, Chwbl)
+        assert isinstance(b, Chwbl)
+        fleet.route(0, 0.0)  # gateway 0 routes one request
+        fleet.route(1, 5.0)  # a sync happens before gateway 1 routes
+        assert (b.remote is not None) == share
