@@ -8,6 +8,7 @@ docs/EVALUATION.md-style output.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -298,6 +299,14 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     help="With --sync-s, peers also share load snapshots (measured to hurt the baselines).",
 )
 @click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=lambda: min(os.cpu_count() or 1, 8),
+    show_default="the CPU count, at most 8",
+    help="Processes for the policies' sweeps (same results as one).",
+)
+@click.option(
     "--seeds",
     type=click.IntRange(1, 64),
     help="Repeat over seeds 0..N-1; capacities are the mean (with _min/_max), verdicts use it.",
@@ -472,6 +481,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
             work_unit_tokens=opts["work_unit_tokens"] or None,
             cluster_sizes=_ints(opts["cluster_sizes"]),
             cluster_load_qps=opts["cluster_load"],
+            jobs=opts["jobs"],
             fleet=FleetConfig(
                 gateways=opts["gateways"],
                 deal=opts["deal"],

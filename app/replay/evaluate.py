@@ -44,7 +44,9 @@ bound, `slo_capacity_is_lower_bound`).
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -137,6 +139,8 @@ class EvalConfig:
     cluster_sizes: tuple[int, ...] = ()
     cluster_load_qps: float | None = None
     """Offered load of the cluster-size sweep (default: the reference load)."""
+    jobs: int = 1
+    """Worker processes for the policies' sweeps (1: all in this process). Same results."""
     fleet: FleetConfig = field(default_factory=FleetConfig)
     """Gateways every policy runs in (each with its own state; plans shared), and the deal."""
 
@@ -150,6 +154,8 @@ class EvalConfig:
             raise ReplayError("load factors and the SLO must be > 0")
         if self.q_cap_factor <= 0:
             raise ReplayError("q_cap_factor must be > 0")
+        if self.jobs < 1:
+            raise ReplayError("jobs must be >= 1")
         if self.spill_factor is not None and not self.spill_factor >= 1.0:
             raise ReplayError("spill_factor must be >= 1 (or None: never spill)")
         if self.fair_share is not None and not self.fair_share > 0.0:
@@ -589,6 +595,67 @@ def _capacity(runner: _Runner, policy: str, sweep: Sequence[RunMetrics], refine:
     return lo
 
 
+@dataclass(frozen=True, slots=True)
+class _PolicyRun:
+    """One policy's sweep and capacity search (what a worker process sends back)."""
+
+    sweep: list[RunMetrics]
+    info: dict[str, Any]
+    capacity: float
+    simulated: int
+
+
+def _policy_run(runner: _Runner, name: str, loads: tuple[float, ...]) -> _PolicyRun:
+    before = runner.simulated
+    sweep, info = _sweep(runner, name, loads, runner.cfg.extend_steps)
+    capacity = _capacity(runner, name, sweep, runner.cfg.refine_steps)
+    return _PolicyRun(sweep, info, capacity, runner.simulated - before)
+
+
+_WORKER: list[Any] = []
+"""The worker process's runner and loads (set once by `_init_worker`)."""
+
+
+def _init_worker(runner: _Runner, loads: tuple[float, ...]) -> None:
+    _WORKER[:] = [runner, loads]
+
+
+def _in_worker(name: str) -> _PolicyRun:
+    runner, loads = _WORKER
+    return _policy_run(runner, name, loads)
+
+
+def _policy_runs(runner: _Runner, loads: tuple[float, ...]) -> dict[str, _PolicyRun]:
+    """Every policy's sweep and capacity: in this process, or in `cfg.jobs` worker processes.
+
+    Policies are independent once the knee and the loads are known, so they run in parallel;
+    each simulation stays deterministic (its seeds do not depend on the process), and the
+    results are the same as in one process.
+    """
+    cfg, rep = runner.cfg, runner.reporter
+    names = list(cfg.policies)
+    per_policy = runner.base.n * (len(loads) + cfg.refine_steps)
+    out: dict[str, _PolicyRun] = {}
+    jobs = min(cfg.jobs, len(names))
+    if jobs <= 1:
+        for name in names:
+            rep.stage(f"{name}: load sweep and capacity", per_policy)
+            out[name] = _policy_run(runner, name, loads)
+        return out
+    rep.stage(f"{len(names)} policies in {jobs} processes", per_policy * len(names))
+    quiet = replace(runner, reporter=_Silent())
+    # spawn, not fork: the parent may run threads (progress bars, Kafka clients)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, ctx, _init_worker, (quiet, loads)) as pool:
+        futures = {pool.submit(_in_worker, name): name for name in names}
+        for future in as_completed(futures):
+            run = future.result()
+            out[futures[future]] = run
+            runner.simulated += run.simulated
+            rep.advance(per_policy)
+    return {name: out[name] for name in names}
+
+
 def evaluate(
     base: RequestSet,
     config: EvalConfig,
@@ -616,17 +683,13 @@ def evaluate(
     r = config.sim.destinations
     loads = tuple(float(f * r * knee) for f in sorted(config.load_factors))
     reports: dict[str, PolicyReport] = {}
-    sweeps: dict[str, list[RunMetrics]] = {}
-    infos: dict[str, dict[str, Any]] = {}
-    for name in config.policies:
-        rep.stage(f"{name}: load sweep", base.n * len(loads))
-        sweeps[name], infos[name] = _sweep(runner, name, loads, config.extend_steps)
+    runs = _policy_runs(runner, loads)
+    sweeps = {name: run.sweep for name, run in runs.items()}
     flat = sweeps["flat-lb"]
     passing = [m.offered_qps for m in flat if runner.passes(m)]
     reference = max(passing) if passing else loads[0]
     for name in config.policies:
-        rep.stage(f"{name}: capacity", base.n * config.refine_steps)
-        cap = _capacity(runner, name, sweeps[name], config.refine_steps)
+        cap = runs[name].capacity
         ref = next((m for m in sweeps[name] if m.offered_qps == reference), None)
         if ref is None:
             ref = runner.run(name, reference)
@@ -637,7 +700,7 @@ def evaluate(
             tuple(sweeps[name]),
             cap,
             ref,
-            infos.get(name, {}),
+            runs[name].info,
             at_capacity=top,
             capacity_is_lower_bound=runner.passes(sweeps[name][-1]),
         )

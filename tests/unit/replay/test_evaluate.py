@@ -276,3 +276,24 @@ def test_bad_extension_settings_are_refused() -> None:
         EvalConfig(spill_factor=0.5)
     with pytest.raises(ReplayError, match="fair_share"):
         EvalConfig(fair_share=0.0)
+
+
+def test_worker_processes_give_the_same_evaluation(
+    small_eval: Evaluation, workload_factory: WorkloadFactory
+) -> None:
+    q = workload_factory("whale", requests=3000, keys=300)
+    cfg = EvalConfig(
+        policies=("flat-lb", "affinity", "affinity+replication", "cacheroute"),
+        sim=SimConfig(destinations=5),
+        load_factors=(0.4, 0.8, 1.2),
+        refine_steps=1,
+        jobs=2,
+    )
+    parallel = evaluate(q, cfg)
+    for name, p in small_eval.policies.items():
+        other = parallel.policies[name]
+        assert other.slo_capacity_qps == p.slo_capacity_qps
+        assert [m.to_dict() for m in other.sweep] == [m.to_dict() for m in p.sweep]
+        assert other.at_reference.to_dict() == p.at_reference.to_dict()
+    with pytest.raises(ReplayError, match="jobs"):
+        EvalConfig(jobs=0)
