@@ -686,6 +686,26 @@ _SUITE = (
         options=(("spill_factor", 0.0, "--spill-factor 0"), ("policies", "flat-lb,cacheroute", "")),
     ),
     _Case("Low-reuse workload (the losing regime)", "low-reuse", workload="low-reuse"),
+    _Case(
+        "Whale workload, G = 4, baselines gossip their prefix trees every second (--sync-s 1)",
+        "whale_g4_sync1",
+        workload="whale",
+        options=(
+            ("gateways", 4, "--gateways 4"),
+            ("sync_s", 1.0, "--sync-s 1"),
+            ("policies", _FLEET_POLICIES, ""),
+        ),
+    ),
+    _Case(
+        "Conversation workload, G = 4, baselines gossip their prefix trees every second",
+        "conversation_g4_sync1",
+        workload="conversation",
+        options=(
+            ("gateways", 4, "--gateways 4"),
+            ("sync_s", 1.0, "--sync-s 1"),
+            ("policies", _FLEET_POLICIES, ""),
+        ),
+    ),
 )
 
 

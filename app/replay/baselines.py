@@ -59,7 +59,19 @@ def peer_load(others: list[object], destinations: int) -> list[float]:
     return total
 
 
-class FlatLB(Policy):
+class _CountsGossip(Policy):
+    """Gossip of in-flight counts (`FleetConfig.sync_s` with `sync_load`): the state is the counts."""
+
+    def start_sync(self) -> None:
+        """Nothing to record between syncs: the in-flight counts are the state."""
+
+    def export_state(self, t: float) -> PeerState:
+        """This gateway's own in-flight counts."""
+        del t
+        return PeerState([float(x) for x in self.inflight])
+
+
+class FlatLB(_CountsGossip):
     """Power-of-two-choices: the dispatcher's Router with no plan."""
 
     name = "flat-lb"
@@ -97,14 +109,6 @@ class FlatLB(Policy):
             b += 1  # two distinct candidates
         inflight = self.inflight
         return a if inflight[a] + remote[a] <= inflight[b] + remote[b] else b
-
-    def start_sync(self) -> None:
-        """Nothing to record between syncs: the in-flight counts are the state."""
-
-    def export_state(self, t: float) -> PeerState:
-        """This gateway's own in-flight counts."""
-        del t
-        return PeerState([float(x) for x in self.inflight])
 
     def merge_state(self, others: list[object], *, loads: bool) -> None:
         """Take the peers' counts as this gateway's view of the load it did not send."""
@@ -164,7 +168,7 @@ class Sticky(Policy):
         return d
 
 
-class Chwbl(Policy):
+class Chwbl(_CountsGossip):
     """Consistent hashing with bounded loads (c = 1.25) on in-flight requests."""
 
     name = "chwbl"
@@ -211,14 +215,6 @@ class Chwbl(Policy):
     def release(self, d: int, i: int) -> None:
         self.inflight[d] -= 1
         self.total -= 1
-
-    def start_sync(self) -> None:
-        """Nothing to record between syncs: the in-flight counts are the state."""
-
-    def export_state(self, t: float) -> PeerState:
-        """This gateway's own in-flight counts."""
-        del t
-        return PeerState([float(x) for x in self.inflight])
 
     def merge_state(self, others: list[object], *, loads: bool) -> None:
         """Take the peers' counts as this gateway's view of the load it did not send."""

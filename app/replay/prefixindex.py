@@ -72,22 +72,7 @@ class PrefixIndex:
             base = seq * _STAMP_STRIDE
             for k, b in enumerate(reversed(blocks)):
                 journal[b] = base + k
-        bit = 1 << d
-        lru = self.lru[d]
-        holders = self.holders
-        for b in reversed(blocks):
-            if b in lru:
-                lru.move_to_end(b)
-            else:
-                lru[b] = None
-                holders[b] = holders.get(b, 0) | bit
-        while len(lru) > self.capacity:
-            old, _ = lru.popitem(last=False)
-            left = holders[old] & ~bit
-            if left:
-                holders[old] = left
-            else:
-                del holders[old]
+        self._touch(d, blocks[::-1])
 
     def size(self, d: int) -> int:
         """Blocks recorded for destination d."""
