@@ -490,8 +490,9 @@ class Router:
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
         with self._lock:
-            take = min(units, self.inflight[index])
-            self.inflight[index] -= take
+            held = self.inflight[index]
+            take = units if units <= held else held
+            self.inflight[index] = held - take
             self.total_inflight -= take
 
     # ---------------------------------------------------------------------------- liveness
