@@ -245,21 +245,9 @@ def build_table(
         if pause is not None and yield_every and n % yield_every == 0:
             pause()
     shards, multi = _split(members)
-    groups: dict[str, set[int]] = {}
-    if group_separator:
-        for key, idx in members.items():
-            group, found, _ = key.rpartition(group_separator)
-            if found:
-                groups.setdefault(group, set()).update(idx)
+    groups = _groups(members.items(), group_separator) if group_separator else {}
     return RoutingTable(
-        version,
-        created_ms,
-        shards,
-        multi,
-        unknown,
-        unplanned,
-        {g: tuple(sorted(d)) for g, d in groups.items()},
-        group_separator,
+        version, created_ms, shards, multi, unknown, unplanned, groups, group_separator
     )
 
 
@@ -573,29 +561,32 @@ def table_from_plan(
     planned = set(names)
     unplanned = frozenset(d for d in gateway_destinations if d not in planned)
     sep = getattr(getattr(plan, "params", None), "group_separator", None)
-    groups = _groups(keys, offsets, targets, sep, (step, pause)) if sep else {}
+    groups: dict[str, tuple[int, ...]] = {}
+    if sep:
+        offs = offsets.tolist()
+        tgts = targets.tolist()
+        pairs = ((key, tgts[offs[i] : offs[i + 1]]) for i, key in enumerate(keys))
+        groups = _groups(pairs, sep, step, pause)
     return RoutingTable(
         plan.version, plan.created_ms, shards, multi, unknown, unplanned, groups, sep
     )
 
 
 def _groups(
-    keys: Sequence[str],
-    offsets: Any,
-    targets: Any,
+    pairs: Iterable[tuple[str, Iterable[int]]],
     sep: str,
-    slicing: tuple[int, Callable[[], None]],
+    step: int = 0,
+    pause: Callable[[], None] = _no_pause,
 ) -> dict[str, tuple[int, ...]]:
-    """Group -> the (gateway-local) destinations of its admitted keys, sorted."""
-    step, pause = slicing
+    """Group -> the (gateway-local, sorted) destinations of its admitted keys.
+
+    `pairs` are (key, destination indices; -1 = unknown here); `pause` runs every `step` keys.
+    """
     members: dict[str, set[int]] = {}
-    offs = offsets.tolist()
-    tgts = targets.tolist()
-    for i, key in enumerate(keys):
+    for n, (key, dests) in enumerate(pairs, start=1):
         group, found, _ = key.rpartition(sep)
         if found:
-            dests = members.setdefault(group, set())
-            dests.update(t for t in tgts[offs[i] : offs[i + 1]] if t >= 0)
-        if (i + 1) % step == 0:
+            members.setdefault(group, set()).update(t for t in dests if t >= 0)
+        if step and n % step == 0:
             pause()
     return {g: tuple(sorted(d)) for g, d in members.items() if d}

@@ -191,18 +191,17 @@ class Fleet:
 
     def describe(self) -> dict[str, Any]:
         """The first gateway's counters, with per-gateway decision counts summed over the fleet."""
-        out = dict(self.members[0].describe())
+        each = [m.describe() for m in self.members]
+        out = dict(each[0])
         for key in _SUMMED:
             if isinstance(out.get(key), dict):
                 total: dict[str, Any] = {}
-                for m in self.members:
-                    for k, v in m.describe().get(key, {}).items():
+                for d in each:
+                    for k, v in d.get(key, {}).items():
                         total[k] = total.get(k, 0) + v
                 out[key] = total
         if "spilled_requests" in out:
-            out["spilled_requests"] = sum(
-                int(m.describe().get("spilled_requests", 0)) for m in self.members
-            )
+            out["spilled_requests"] = sum(int(d.get("spilled_requests", 0)) for d in each)
         out["gateways"] = self.config.gateways
         out["deal"] = self.config.deal
         if self.gossip:

@@ -10,7 +10,7 @@ or queues - cache-aware policies keep their own approximate view, as real router
     policy.release(d, i)   request i, routed to d, finished
 
 One instance is one gateway. A fleet of G gateways (fleet.py) runs G instances, each told only of
-its own requests and their completions; plan-based policies (`SharesPlan`) also take plans built
+its own requests and their completions; plan-based policies (planned.py) also take plans built
 once for the whole fleet from every gateway's requests, as the streams agent and planner do.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -124,15 +124,7 @@ class PolicyContext:
 
     def for_gateway(self, gateway: int) -> PolicyContext:
         """The same context for another gateway of the fleet (key hashes are shared)."""
-        return PolicyContext(
-            requests=self.requests,
-            destinations=self.destinations,
-            seed=self.seed,
-            service=self.service,
-            plan=self.plan,
-            hashes=self.hashes,
-            gateway=gateway,
-        )
+        return replace(self, gateway=gateway)
 
 
 class Policy:
