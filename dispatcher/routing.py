@@ -117,7 +117,9 @@ class RouteKind:
     NO_PLAN = 4
     ALL_DOWN = 5
     SPILLED = 6
-    NAMES = ("plan", "cold", "plan_down", "stale", "no_plan", "all_down", "spilled")
+    BAD_KEY = 7
+    """Not a routable string key (e.g. a list or dict): power-of-two-choices."""
+    NAMES = ("plan", "cold", "plan_down", "stale", "no_plan", "all_down", "spilled", "bad_key")
 
 
 SHARDS = 64
@@ -299,40 +301,51 @@ class Router:
         self._salts: list[int] = [ring_hash(name) for name in self.names]
 
     # --------------------------------------------------------------------------- decisions
-    def route_index(self, key: str) -> int:
-        """The destination index for `key` (see the module docstring for the rules)."""
-        table = self.table
-        if table is not None and not self.stale:
-            best = table.shards[hash(key) & SHARD_MASK].get(key)
-            if best is not None:  # single-replica key (the common case)
-                if self.up[best]:
-                    load = self.inflight[best]
+    def route_index(self, key: str) -> int:  # noqa: PLR0911 - one return per rule
+        """The destination index for `key` (see the module docstring for the rules).
+
+        Never raises: a key that cannot be routed as a string (unhashable, not a str, a str
+        subclass whose hash fails) goes by power-of-two-choices and is counted as `bad_key`.
+        (A try block costs nothing on Python 3.11 until something raises.)"""
+        if not isinstance(key, str):  # type hints are not enforced at run time
+            self.counts[7] += 1  # type: ignore[unreachable]
+            return self._p2c()
+        try:
+            table = self.table
+            if table is not None and not self.stale:
+                best = table.shards[hash(key) & SHARD_MASK].get(key)
+                if best is not None:  # single-replica key (the common case)
+                    if self.up[best]:
+                        load = self.inflight[best]
+                    else:
+                        best = -1
                 else:
-                    best = -1
-            else:
-                members = table.multi.get(key)
-                if members is None:
-                    self.counts[1] += 1
+                    members = table.multi.get(key)
+                    if members is None:
+                        self.counts[1] += 1
+                        return self._cold(key)
+                    best, load = self._least_loaded(members)
+                if best < 0:
+                    self.counts[2] += 1
                     return self._cold(key)
-                best, load = self._least_loaded(members)
-            if best < 0:
-                self.counts[2] += 1
-                return self._cold(key)
-            f = self.spill_factor
-            if (
-                load >= self.spill_min_inflight
-                and f is not None
-                and load * len(self.live) >= f * (self.total_inflight + 1)
-            ):
-                self.counts[6] += 1
-                return self._cold(key)
-            self.counts[0] += 1
-            return best
-        if table is None:
-            self.counts[4] += 1
-        else:
-            self.counts[3] += 1
-        return self._cold(key)
+                f = self.spill_factor
+                if (
+                    load >= self.spill_min_inflight
+                    and f is not None
+                    and load * len(self.live) >= f * (self.total_inflight + 1)
+                ):
+                    self.counts[6] += 1
+                    return self._cold(key)
+                self.counts[0] += 1
+                return best
+            if table is None:
+                self.counts[4] += 1
+            else:
+                self.counts[3] += 1
+            return self._cold(key)
+        except Exception:  # route() must never raise, whatever the key
+            self.counts[7] += 1
+            return self._p2c()
 
     def _least_loaded(self, members: tuple[int, ...]) -> tuple[int, int]:
         """(member, its load): the least loaded live member, uniform among ties (-1: none up)."""

@@ -17,6 +17,21 @@ partitions that carry no traffic at all, `max_wait_ms` after w's first record. R
 that is already folded are late: counted and dropped (folding cannot be undone). Windows with no
 records at all are not folded as zeros: a gap is more likely a stalled stream than silence.
 
+Because folding cannot be undone, one record must never be able to poison it. Every clock and every
+figure a record carries is bounded before it is accepted:
+
+- a window that ends more than `max_ahead_ms` after the record's timestamp (the smaller of the
+  broker's record timestamp and the planner's own clock, so a forged record timestamp does not
+  help) is `invalid` ("future"): folded, it would make every real window after it "late";
+- a rate above `max_key_rate` (an absolute ceiling, default 1e6 requests/s per key) is `invalid`
+  ("implausible"), and so is a count that could not fit the window at that ceiling;
+- once the averages have a cluster total, a key's rate in a new window is clamped to
+  `max_surge` x that total (at least `max_key_rate` / 1000), counted in `clamped`: a real key
+  cannot outgrow the whole cluster a hundredfold in one window, and the clamp lifts as the total
+  follows a genuine surge.
+
+Every rejection is counted per reason (`rejections`) with its last example, for the log.
+
 Pure: time comes in as `now_ms` / `arrived_ms` arguments.
 """
 
@@ -32,9 +47,11 @@ from cacheroute.planner.errors import PlannerError
 from cacheroute.planner.plan import FloatArray, IntArray
 from cacheroute.schemas import KeyRate
 
-__all__ = ["AddResult", "RateSmoother", "RatesSnapshot", "SmoothingParams"]
+__all__ = ["AddResult", "RateSmoother", "RatesSnapshot", "Rejection", "SmoothingParams"]
 
 AddResult = Literal["accepted", "replaced", "late", "invalid"]
+Rejection = Literal["malformed", "future", "implausible"]
+"""Why a record was `invalid`: impossible values, a window from the future, an implausible rate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,12 @@ class SmoothingParams:
     """A window folds this long after its first record even if some partition never reported."""
     forget_after_windows: int = 10
     """A key absent from this many folded windows in a row is forgotten."""
+    max_ahead_ms: int = 30_000
+    """A window may end at most this long after its record's timestamp (clock skew margin)."""
+    max_key_rate: float = 1_000_000.0
+    """Absolute ceiling of one key's rate, requests/s: above it a record is implausible."""
+    max_surge: float = 100.0
+    """A key's rate in a new window is clamped to this x the cluster's smoothed total."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
@@ -57,6 +80,12 @@ class SmoothingParams:
             raise PlannerError("settle_ms and max_wait_ms must be >= 0")
         if self.forget_after_windows < 1:
             raise PlannerError("forget_after_windows must be >= 1")
+        if self.max_ahead_ms < 0:
+            raise PlannerError("max_ahead_ms must be >= 0")
+        if not (math.isfinite(self.max_key_rate) and self.max_key_rate > 0):
+            raise PlannerError(f"max_key_rate must be finite and > 0, got {self.max_key_rate!r}")
+        if not (math.isfinite(self.max_surge) and self.max_surge >= 1):
+            raise PlannerError(f"max_surge must be finite and >= 1, got {self.max_surge!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +132,12 @@ class RateSmoother:
         self._smoothed: FloatArray = np.zeros(0, dtype=np.float64)
         self._idle: IntArray = np.zeros(0, dtype=np.int64)
         self._tokens: FloatArray = np.zeros(0, dtype=np.float64)
+        self.rejections: dict[Rejection, int] = {"malformed": 0, "future": 0, "implausible": 0}
+        """Invalid records so far, per reason."""
+        self.last_rejection: dict[Rejection, str] = {}
+        """Per reason, a description of its latest record (for the log)."""
+        self.clamped = 0
+        """Key-window rates clamped to `max_surge` x the cluster total so far."""
 
     # ------------------------------------------------------------------------------- views
     @property
@@ -126,16 +161,17 @@ class RateSmoother:
         return self._newest_end
 
     # ------------------------------------------------------------------------------ input
-    def add(self, rate: KeyRate, partition: int, arrived_ms: int) -> AddResult:
-        """Take one KeyRate record from `partition`; the latest per (key, window) wins."""
-        if (
-            not rate.key
-            or not math.isfinite(rate.rate)
-            or rate.rate < 0
-            or rate.count < 0
-            or rate.window_end_ms <= rate.window_start_ms
-            or not 0 <= partition < self._partitions
-        ):
+    def add(
+        self, rate: KeyRate, partition: int, arrived_ms: int, record_ms: int | None = None
+    ) -> AddResult:
+        """Take one KeyRate record from `partition`; the latest per (key, window) wins.
+
+        `arrived_ms` is the planner's clock when the record was read, `record_ms` the record's
+        Kafka timestamp (<= 0: unknown, so the planner clock alone). A window may end at most
+        `max_ahead_ms` after the earlier of the two (see the module docstring). None skips that
+        bound: for callers that replay records without clocks (the service always passes one)."""
+        reason = self._check(rate, partition, arrived_ms, record_ms)
+        if reason is not None:
             return "invalid"
         start = rate.window_start_ms
         self._progress[partition] = max(self._progress[partition], start)
@@ -149,6 +185,48 @@ class RateSmoother:
         replaced = rate.key in window.records
         window.records[rate.key] = (rate.rate, rate.count, rate.prefix_tokens_sum)
         return "replaced" if replaced else "accepted"
+
+    def _check(
+        self, rate: KeyRate, partition: int, arrived_ms: int, record_ms: int | None
+    ) -> Rejection | None:
+        """Why `rate` must not be folded (counted, with an example), or None."""
+        p = self.params
+        reason: Rejection | None = None
+        detail = ""
+        if (
+            not rate.key
+            or not math.isfinite(rate.rate)
+            or rate.rate < 0
+            or rate.count < 0
+            or rate.prefix_tokens_sum < 0
+            or rate.window_end_ms <= rate.window_start_ms
+            or not 0 <= partition < self._partitions
+        ):
+            reason, detail = "malformed", "impossible values"
+        else:
+            if record_ms is None:  # a replay without clocks: nothing to bound by
+                ahead = 0
+            else:
+                now = arrived_ms if record_ms <= 0 else min(arrived_ms, record_ms)
+                ahead = rate.window_end_ms - now
+            width_s = (rate.window_end_ms - rate.window_start_ms) / 1000
+            if ahead > p.max_ahead_ms:
+                reason = "future"
+                detail = f"window ends {ahead / 1000:.3g} s after the record's timestamp"
+            elif rate.rate > p.max_key_rate or rate.count > p.max_key_rate * width_s:
+                reason = "implausible"
+                detail = (
+                    f"rate {rate.rate:.3g}/s or count {rate.count} in {width_s:g} s is above "
+                    f"the ceiling of {p.max_key_rate:g} requests/s"
+                )
+        if reason is None:
+            return None
+        self.rejections[reason] += 1
+        self.last_rejection[reason] = (
+            f"key {rate.key[:64]!r} window {rate.window_start_ms} from partition {partition}: "
+            f"{detail}"
+        )
+        return reason
 
     def advance(self, now_ms: int) -> list[int]:
         """Fold every complete window (oldest first); return the starts of the folded windows."""
@@ -189,6 +267,13 @@ class RateSmoother:
         values = list(window.records.values())
         observed = np.zeros(n, dtype=np.float64)
         observed[idx] = np.fromiter((v[0] for v in values), np.float64, len(values))
+        total = float(self._smoothed.sum())
+        if total > 0:
+            ceiling = self.params.max_surge * max(total, self.params.max_key_rate / 1000)
+            over = observed > ceiling
+            if over.any():
+                self.clamped += int(over.sum())
+                observed[over] = ceiling
         smoothed = (1.0 - alpha) * smoothed + alpha * observed
         smoothed[n_old:] = observed[n_old:]  # first sighting: start at the observed rate
         present = np.zeros(n, dtype=np.bool_)

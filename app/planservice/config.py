@@ -116,6 +116,9 @@ CONFIG_KEYS: dict[str, str] = {
     "settle_s": "quiet time before a window that every partition reported folds (default 2)",
     "max_wait_s": "a window folds this long after its first record regardless (default 30)",
     "forget_after_windows": "forget a key absent this many windows in a row (default 10)",
+    "max_ahead_s": "ignore a rate window ending this far after its record's timestamp (default 30)",
+    "max_key_rate": "ignore a key rate above this, requests/s (default 1e6)",
+    "max_surge": "clamp a key's window rate to this x the cluster's smoothed total (default 100)",
     "rewarm_s": f"advisor: seconds a moved key runs cold (default {DEFAULT_REWARM_S:g})",
     "max_plan_age_s": "republish the live routing when older than this; 0: never (default 2 x interval)",
     "max_chunk_bytes": f"upper bound of one chunk record (default {DEFAULT_MAX_CHUNK_BYTES})",
@@ -222,6 +225,9 @@ def load_service_config(
             settle_ms=round(number("settle_s", 2.0) * 1000),
             max_wait_ms=round(number("max_wait_s", 30.0) * 1000),
             forget_after_windows=integer("forget_after_windows", 10),
+            max_ahead_ms=round(number("max_ahead_s", 30.0) * 1000),
+            max_key_rate=number("max_key_rate", 1_000_000.0),
+            max_surge=number("max_surge", 100.0),
         )
     except PlannerError as exc:
         raise ConfigError(f"planner settings{source}: {exc}") from None

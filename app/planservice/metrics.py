@@ -105,7 +105,8 @@ class PlannerMetrics:
             ),
             rates_records=Counter(
                 p + "rates_records",
-                "KeyRate records read, by outcome (accepted, replaced, late, invalid, garbage)",
+                "KeyRate records read, by outcome (accepted, replaced, late, invalid, garbage; clamped: "
+                "key-window rates clamped to max_surge x the cluster total)",
                 ["outcome"],
                 registry=reg,
             ),

@@ -12,7 +12,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config
@@ -28,9 +35,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RatesBatch:
-    """Decoded records of one poll, and the undecodable ones (value, key, reason, where)."""
+    """Decoded records of one poll as (partition, record, Kafka timestamp ms or -1), and the
+    undecodable ones (value, key, reason, where)."""
 
-    rates: list[tuple[int, KeyRate]]
+    rates: list[tuple[int, KeyRate, int]]
     garbage: list[tuple[bytes | None, bytes | None, str, str]]
 
 
@@ -74,7 +82,7 @@ class RatesSource:
 
     def poll(self, max_records: int, timeout: float) -> RatesBatch:
         """Up to `max_records` records, waiting at most `timeout` seconds for the first."""
-        rates: list[tuple[int, KeyRate]] = []
+        rates: list[tuple[int, KeyRate, int]] = []
         garbage: list[tuple[bytes | None, bytes | None, str, str]] = []
         for msg in drain(self._consumer, max_records, timeout):
             err = msg.error()
@@ -94,7 +102,8 @@ class RatesSource:
                 where = format_location(self.topic, partition, offset)
                 garbage.append((msg.value(), msg.key(), str(exc), where))
                 continue
-            rates.append((partition, rate))
+            kind, stamp = msg.timestamp()
+            rates.append((partition, rate, stamp if kind != TIMESTAMP_NOT_AVAILABLE else -1))
         return RatesBatch(rates, garbage)
 
     def lag(self) -> int:

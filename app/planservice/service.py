@@ -27,7 +27,7 @@ from confluent_kafka import KafkaException, Producer
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import producer_config
 from cacheroute.planner import Plan, PlannerError, advise, build_plan, plan_diff
-from cacheroute.planner.smoothing import RateSmoother, RatesSnapshot
+from cacheroute.planner.smoothing import RateSmoother, RatesSnapshot, Rejection
 from cacheroute.planservice.config import PlannerServiceConfig
 from cacheroute.planservice.leader import Leadership
 from cacheroute.planservice.metrics import PlannerMetrics
@@ -221,16 +221,27 @@ class PlannerService:
         batch = self._rates.poll(_RATES_BATCH, timeout)
         now_ms = self._now_ms()
         outcomes = {"accepted": 0, "replaced": 0, "late": 0, "invalid": 0}
-        for partition, rate in batch.rates:
-            outcomes[self._smoother.add(rate, partition, now_ms)] += 1
+        before = dict(self._smoother.rejections)
+        clamped = self._smoother.clamped
+        for partition, rate, stamp in batch.rates:
+            outcomes[self._smoother.add(rate, partition, now_ms, stamp)] += 1
         for outcome, count in outcomes.items():
             if count:
                 self.metrics.rates_records.labels(outcome).inc(count)
         if outcomes["invalid"]:
-            log.warning("%d KeyRate records with impossible values ignored", outcomes["invalid"])
+            self._log_rejections(before)
         if batch.garbage:
             self._garbage(batch)
         folded = self._smoother.advance(now_ms)
+        if self._smoother.clamped > clamped:
+            self.metrics.rates_records.labels("clamped").inc(self._smoother.clamped - clamped)
+            log.warning(
+                "%d key rates clamped to %g x the cluster's total rate (a key cannot outgrow the "
+                "whole cluster that fast; check the streams worker and whoever writes to the "
+                "rates topic)",
+                self._smoother.clamped - clamped,
+                self._smoother.params.max_surge,
+            )
         if folded:
             self.metrics.windows_folded.inc(len(folded))
             log.info(
@@ -241,12 +252,31 @@ class PlannerService:
             )
         self.metrics.tracked_keys.set(self._smoother.tracked_keys)
         if self._smoother.newest_end_ms:
-            lag = (now_ms - self._smoother.newest_end_ms) / 1000
+            lag = max(0.0, (now_ms - self._smoother.newest_end_ms) / 1000)
             self.metrics.input_lag_seconds.set(lag)
         mono = self._mono()
         if mono - self._last_lag_check >= 5.0:
             self._last_lag_check = mono
             self.metrics.rates_lag_records.set(self._rates.lag())
+
+    def _log_rejections(self, before: dict[Rejection, int]) -> None:
+        """One warning per poll that rejected records: counts per reason, an example each."""
+        assert self._smoother is not None
+        hints = {
+            "malformed": "impossible values",
+            "future": "from the future: a streams worker's or producer's clock is ahead, or a "
+            "forged record",
+            "implausible": "rate above max_key_rate",
+        }
+        for reason, total in self._smoother.rejections.items():
+            new = total - before.get(reason, 0)
+            if new:
+                log.warning(
+                    "%d KeyRate record(s) ignored, %s; e.g. %s",
+                    new,
+                    hints[reason],
+                    self._smoother.last_rejection.get(reason, "?"),
+                )
 
     def _garbage(self, batch: RatesBatch) -> None:
         self.metrics.rates_records.labels("garbage").inc(len(batch.garbage))

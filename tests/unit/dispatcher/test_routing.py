@@ -306,3 +306,35 @@ def test_a_new_key_takes_the_less_loaded_of_its_two_ring_candidates_then_stays()
     assert one.route(key) == names[first]  # one choice: the ring home while under the bound
     with pytest.raises(DispatchError, match="cold_choices"):
         Router(names, cold_choices=3)
+
+
+class _BrokenHash(str):
+    """A str whose hash raises: what a careless caller's key type might do."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("no hash")
+
+
+@pytest.mark.parametrize(
+    "key", [["a", "list"], {"a": "dict"}, None, 42, b"bytes", 1.5, _BrokenHash("hot")]
+)
+def test_route_never_raises_whatever_the_key(key: object) -> None:
+    """Unhashable and non-string keys go by power-of-two-choices and are counted `bad_key`."""
+    for stale in (False, True):
+        r = router()
+        r.stale = stale
+        d0 = r.route_index(key)  # type: ignore[arg-type]
+        name = r.route(key)  # type: ignore[arg-type]
+        assert 0 <= d0 < len(NAMES)
+        assert name in NAMES
+        assert r.counts[RouteKind.BAD_KEY] == 2
+        assert RouteKind.NAMES[RouteKind.BAD_KEY] == "bad_key"
+    # with no plan at all, too
+    r = Router(NAMES, rng=random.Random(1))
+    assert r.route(["x"]) in NAMES  # type: ignore[arg-type]
+    assert r.counts[RouteKind.BAD_KEY] == 1
+    # a good key right after still routes by the plan
+    r = router()
+    r.route({"k": 1})  # type: ignore[arg-type]
+    assert r.route("solo") == "d1"
+    assert r.counts[RouteKind.PLAN] == 1
