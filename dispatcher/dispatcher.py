@@ -15,7 +15,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -34,7 +33,7 @@ from cacheroute.dispatcher.routing import (
 )
 from cacheroute.settings import Settings
 
-__all__ = ["Dispatcher", "DispatcherConfig"]
+__all__ = ["Dispatcher", "DispatcherConfig", "InFlight"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,13 @@ class DispatcherConfig:
     """Used when a plan does not say its own interval."""
     maintenance_interval_s: float = 1.0
     """How often the background thread re-checks staleness and runs the health check."""
+    max_clock_skew_s: float = 5.0
+    """A plan created further than this in the future of this gateway's clock is stale too.
+
+    Its age is negative, and a negative age never reaches the staleness limit: the last plan of a
+    dead planner whose clock runs fast would stay live for as long as its clock is ahead. Hosts
+    synchronised by NTP differ by milliseconds; this allows for a host without it, and a planner
+    clock ahead by less than this only delays noticing a dead planner by as much."""
     build_yield_every: int = 500
     """Keys per slice while building a routing table; the builder yields the GIL between slices."""
     spill_factor: float | None = DEFAULT_SPILL_FACTOR
@@ -66,6 +72,36 @@ class DispatcherConfig:
     cold_choices: int = 2
     """A key new to this gateway goes to the less loaded of its 2 consistent candidates (1: the
     first only)."""
+
+
+class InFlight:
+    """One routed request held in flight (what `Dispatcher.request` returns).
+
+    A context manager whose `__enter__` gives the destination name and whose `__exit__` releases
+    the request's load. Immutable, so the one-unit objects are shared per destination: the
+    documented path allocates nothing and runs no generator machinery.
+    """
+
+    __slots__ = ("destination", "index", "release_fn", "units")
+
+    def __init__(self, router: Router, index: int, units: int, destination: str) -> None:
+        self.release_fn = router.release
+        self.index = index
+        self.units = units
+        self.destination = destination
+
+    def __enter__(self) -> str:
+        return self.destination
+
+    def __exit__(self, *exc: object) -> None:
+        self.release_fn(self.index, self.units)
+
+    def release(self) -> None:
+        """Release the request's load (for callers that do not use `with`); call it once."""
+        self.release_fn(self.index, self.units)
+
+    def __repr__(self) -> str:
+        return f"InFlight({self.destination!r}, units={self.units})"
 
 
 class Dispatcher:
@@ -104,6 +140,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self.swaps = 0
         self.subscription: object | None = None
+        self._held = [InFlight(self.router, i, 1, n) for i, n in enumerate(self.router.names)]
         # the hot path, bound once
         self.route = self.router.route
         self.route_index = self.router.route_index
@@ -117,19 +154,23 @@ class Dispatcher:
         )
 
     # ------------------------------------------------------------------------------ routing
-    @contextmanager
-    def request(self, key: str, units: int = 1) -> Iterator[str]:
-        """Route `key`, count it in flight for the duration of the block, yield the destination.
+    def request(self, key: str, units: int = 1) -> InFlight:
+        """Route `key` and count it in flight until the `with` block ends; `as` gives the name.
+
+            with dispatcher.request(key, units=1 + prompt_tokens // 512) as destination:
+                ...  # send the request, stream the answer; released when the block exits
 
         `units` is the request's load: 1 balances request counts; a gateway that knows the prompt
-        length passes e.g. 1 + prompt_tokens // 512, so a long prompt weighs what it costs.
+        length passes e.g. 1 + prompt_tokens // 512, so a long prompt weighs what it costs. The
+        request is routed and counted at the call, so an async gateway may also keep the returned
+        object and call `release()` itself when the last byte went out. Never raises.
         """
-        i = self.router.route_index(key)
-        self.router.acquire(i, units)
-        try:
-            yield self.router.names[i]
-        finally:
-            self.router.release(i, units)
+        router = self.router
+        i = router.route_index(key)
+        router.acquire(i, units)
+        if units == 1:
+            return self._held[i]  # immutable, shared: no allocation on the common path
+        return InFlight(router, i, units, router.names[i])
 
     def mark_down(self, name: str) -> None:
         """Exclude a destination at once (unknown names are logged once and ignored)."""
@@ -207,11 +248,22 @@ class Dispatcher:
         now = self.clock() if now is None else now
         age = now - table.created_ms / 1000.0
         limit = self.config.staleness_intervals * self._interval_s
-        stale = age > limit
+        future = age < -self.config.max_clock_skew_s
+        stale = future or age > limit
         self.router.stale = stale
-        mode = "stale" if stale else "plan"
+        mode = "future" if future else "stale" if stale else "plan"
         if mode != self._mode:
-            if stale:
+            if future:
+                log.warning(
+                    "plan v%d was created %.0f s in the future of this gateway's clock (more "
+                    "than the %g s allowed for clock skew; check the planner's clock): treating "
+                    "it as stale, routing everything by the cold path until a plan with a "
+                    "plausible time arrives",
+                    table.version,
+                    -age,
+                    self.config.max_clock_skew_s,
+                )
+            elif stale:
                 log.warning(
                     "plan v%d is %.0f s old (limit %.0f s): routing everything by the cold "
                     "path (no plan) until a fresh plan arrives",

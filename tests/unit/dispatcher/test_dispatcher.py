@@ -149,3 +149,32 @@ def test_swap_under_concurrent_routing_threads_keeps_every_decision_valid() -> N
     assert not errors
     assert d.version == 29
     assert d.router.inflight == [0, 0, 0]
+
+
+def test_request_holds_its_units_until_the_block_ends_even_on_error() -> None:
+    """`request()` counts the load at the call and releases it when the `with` block exits."""
+    d = Dispatcher(["a", "b"], rng=random.Random(0))
+    with d.request("k", units=3) as first:
+        assert first in ("a", "b")
+        assert d.router.total_inflight == 3
+        with d.request("k") as second:
+            assert second in ("a", "b")
+            assert d.router.total_inflight == 4
+        assert d.router.total_inflight == 3
+    assert d.router.total_inflight == 0
+    seen: list[int] = []
+
+    def failing() -> None:
+        with d.request("k", units=2):
+            seen.append(d.router.total_inflight)
+            raise RuntimeError("backend failed")
+
+    with pytest.raises(RuntimeError):
+        failing()
+    assert seen == [2]
+    assert d.router.inflight == [0, 0]
+    # kept without `with`, as an async gateway does: released by hand
+    held = d.request("k", units=5)
+    assert d.router.total_inflight == 5
+    held.release()
+    assert d.router.total_inflight == 0
