@@ -1,9 +1,16 @@
 """`cacheroute doctor`: health checks of a CacheRoute deployment, each with what to do about it.
 
 The checks are pure functions over plain values (`check_topics`, `check_plan`, `check_lag`,
-`check_dlq`), so they are unit-tested without a broker; `run_doctor` is the adapter that gathers
-those values from Kafka once (topic metadata and configs, one read of the plans topic, the streams
-group's committed offsets, watermarks of the dead-letter topic) and returns a `DoctorReport`.
+`check_dlq`, `check_clocks`), so they are unit-tested without a broker; `run_doctor` is the adapter
+that gathers those values from Kafka once (topic metadata and configs, one read of the plans topic,
+the streams group's committed offsets, watermarks of the dead-letter topic and the headers of its
+newest records) and returns a `DoctorReport`.
+
+Gateway clocks are judged from the dead-letter topic because that is where the streams agent puts
+the evidence: every future-dated or late record it drops carries `cacheroute.clock`,
+`cacheroute.gateway` and `cacheroute.events` headers (streams/app.py). Reading them needs no
+access to the workers, and names the gateway whatever worker saw it. The `gateway-clocks` finding
+appears only when such records exist.
 
 Exit codes (`DoctorReport.exit_code`): 0 all good, 1 problems found, 2 the broker is unreachable.
 """
@@ -11,7 +18,7 @@ Exit codes (`DoctorReport.exit_code`): 0 all good, 1 problems found, 2 the broke
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +29,18 @@ __all__ = [
     "DoctorOptions",
     "DoctorReport",
     "Finding",
+    "GatewayClock",
+    "PartitionReplicas",
+    "check_access",
+    "check_clocks",
     "check_dlq",
     "check_lag",
     "check_plan",
+    "check_replication",
     "check_topics",
+    "deny_topics",
     "run_doctor",
+    "tally_clock_headers",
 ]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -103,14 +117,21 @@ class DoctorOptions:
     """Also count dead letters of the last N minutes (None: only the total)."""
     max_dlq_recent: int = 0
     """Dead letters allowed in that window before it is a problem."""
+    dlq_scan_max: int = 10_000
+    """Newest dead letters read per partition (within `dlq_window_min`, if given) for the
+    `gateway-clocks` check: bounds the time doctor spends on a large DLQ."""
     timeout_s: float = 10.0
 
 
 # ------------------------------------------------------------------------------ pure checks
-def check_broker(bootstrap: str, error: str | None) -> Finding:
-    """Whether the broker answered a metadata request."""
+def check_broker(
+    bootstrap: str, error: str | None, *, security: Mapping[str, Any] | None = None
+) -> Finding:
+    """Whether the broker answered a metadata request (`security`: the redacted connection
+    summary, `KafkaSecurity.describe()`, kept in the detail so `--json` says how doctor connected)."""
     if error is None:
-        return Finding("broker", OK, f"broker answers at {bootstrap}")
+        detail = {"security": dict(security)} if security else {}
+        return Finding("broker", OK, f"broker answers at {bootstrap}", "", detail)
     return Finding(
         "broker",
         FAIL,
@@ -118,6 +139,156 @@ def check_broker(bootstrap: str, error: str | None) -> Finding:
         "start it (`cacheroute kafka start` for the local broker) or point --bootstrap / "
         "CACHEROUTE_BOOTSTRAP at a running one; gateways keep routing on their last plan meanwhile",
     )
+
+
+def check_access(kind: str, message: str, principal: str | None) -> Finding:
+    """A connection refused for who we are, not for where we are: authentication (wrong user,
+    password or mechanism), TLS (untrusted certificate, hostname) or authorization (no ACL).
+
+    `message` is `explain_kafka_error`'s line; it never holds a secret.
+    """
+    fixes = {
+        "authentication": "check the username/password and SASL mechanism the doctor runs with "
+        "(--kafka-config FILE, CACHEROUTE_KAFKA_USERNAME/PASSWORD); the broker's log names the "
+        "failed principal",
+        "tls": "check CACHEROUTE_KAFKA_SSL_CA_FILE (the CA that signed the broker's certificate) "
+        "and that the certificate names the address in --bootstrap",
+        "authorization": "run the doctor with credentials that may describe the topics and groups "
+        "(the admin role), or grant the ACLs `cacheroute topics acls` prints",
+    }
+    return Finding(
+        "kafka-" + kind,
+        FAIL,
+        message,
+        fixes.get(kind, "check the connection settings"),
+        {"principal": principal},
+    )
+
+
+def deny_topics(
+    findings: Sequence[Finding],
+    specs: Sequence[TopicSpec],
+    denied: Iterable[str],
+    principal: str | None,
+) -> list[Finding]:
+    """Replace "topic does not exist" by "not authorized" for the topics the broker hid from us:
+    Kafka lists only the topics a principal may describe, so without this an ACL problem would
+    read as a missing topic (and `topics ensure` would be the wrong advice)."""
+    hidden = {s.name: s.role for s in specs if s.name in set(denied)}
+    out: list[Finding] = []
+    for f in findings:
+        role = next((r for n, r in hidden.items() if f.check == f"topic:{r}"), None)
+        if role is None:
+            out.append(f)
+            continue
+        name = next(n for n, r in hidden.items() if r == role)
+        out.append(
+            Finding(
+                f.check,
+                FAIL,
+                f"not authorized to describe topic {name} as {principal or 'this principal'} "
+                "(Kafka hides topics a principal may not describe)",
+                "run the doctor with the admin credentials (--kafka-config admin.properties), or "
+                "grant DESCRIBE on the topic (`cacheroute topics acls`)",
+                {"authorized": False},
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class PartitionReplicas:
+    """Who holds one partition: its leader (-1: none), assigned replicas and in-sync replicas."""
+
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+def check_replication(
+    state: Mapping[str, Mapping[int, PartitionReplicas]],
+    min_insync: Mapping[str, int],
+    *,
+    want_replicas: int = 1,
+    show: int = 6,
+) -> Finding:
+    """Partitions without a leader, below `min.insync.replicas` or under-replicated.
+
+    Under-replicated (fewer in-sync replicas than assigned) still takes writes, but one more broker
+    loss away from refusing them; below min.insync.replicas, producers with acks=all (all of
+    CacheRoute's) are refused already; without a leader nothing is read or written.
+    """
+    offline: list[str] = []
+    below: list[str] = []
+    under: list[str] = []
+    thin: list[str] = []
+    total = 0
+    for topic, parts in sorted(state.items()):
+        for p, r in sorted(parts.items()):
+            total += 1
+            where = f"{topic}[{p}]"
+            missing = sorted(set(r.replicas) - set(r.isr))
+            if r.leader < 0:
+                offline.append(where)
+            elif len(r.isr) < min_insync.get(topic, 1):
+                below.append(
+                    f"{where} (in sync {len(r.isr)}/{len(r.replicas)}, needs "
+                    f"{min_insync.get(topic, 1)})"
+                )
+            elif missing:
+                under.append(
+                    f"{where} (in sync {len(r.isr)}/{len(r.replicas)}, lagging or down: "
+                    f"broker {', '.join(map(str, missing))})"
+                )
+            if len(r.replicas) < want_replicas:
+                thin.append(where)
+
+    def listing(items: list[str]) -> str:
+        more = f" and {len(items) - show} more" if len(items) > show else ""
+        return ", ".join(items[:show]) + more
+
+    detail = {
+        "partitions": total,
+        "offline": offline,
+        "below_min_insync": below,
+        "under_replicated": under,
+        "fewer_replicas_than_wanted": thin,
+    }
+    problems = []
+    if offline:
+        problems.append(
+            f"{len(offline)} partition(s) without a leader: {listing(offline)} — "
+            "nothing is read or written there"
+        )
+    if below:
+        problems.append(
+            f"{len(below)} partition(s) below min.insync.replicas: {listing(below)} — "
+            "writes (acks=all) are refused"
+        )
+    if under:
+        problems.append(
+            f"{len(under)} under-replicated partition(s): {listing(under)} — writes go "
+            "on, but one more broker loss can stop them"
+        )
+    if problems:
+        return Finding(
+            "replication",
+            FAIL,
+            "; ".join(problems),
+            "bring the named broker(s) back (`cacheroute kafka status`, the broker's log); "
+            "replicas catch up by themselves once it runs. A broker gone for good needs its "
+            "partitions reassigned (kafka-reassign-partitions.sh)",
+            detail,
+        )
+    if thin:
+        return Finding(
+            "replication",
+            WARN,
+            f"{len(thin)} partition(s) have fewer than {want_replicas} replicas: {listing(thin)}",
+            "raise their replication factor with a partition reassignment",
+            detail,
+        )
+    return Finding("replication", OK, f"all {total} partitions fully replicated", "", detail)
 
 
 def check_topics(
@@ -183,8 +354,13 @@ def check_plan(
     staleness_intervals: float = 3.0,
     rejected: int = 0,
     topic: str = "plans",
+    max_clock_skew_s: float = 5.0,
 ) -> Finding:
-    """Is there a complete plan, and is it younger than the limit (default: the staleness rule)."""
+    """Is there a complete plan, and is it younger than the limit (default: the staleness rule).
+
+    A plan created more than `max_clock_skew_s` in the future is a failure too: gateways treat it
+    as stale (the dispatcher's rule), and a negative age would otherwise pass as fresh forever.
+    """
     if version is None or created_ms is None:
         return Finding(
             "plan",
@@ -205,6 +381,17 @@ def check_plan(
         "control_interval_s": interval,
         "rejected": rejected,
     }
+    if age < -max_clock_skew_s:
+        return Finding(
+            "plan",
+            FAIL,
+            f"plan v{version} was created {-age:.0f} s in the future of this host's clock (more "
+            f"than the {max_clock_skew_s:g} s allowed for clock skew); gateways treat it as stale "
+            "and route everything by the cold path",
+            "check the clock (NTP/chrony) of the planner's host and of this one; an active "
+            "planner re-publishes such a plan with its own time at its next interval",
+            detail,
+        )
     if age > limit:
         return Finding(
             "plan",
@@ -318,6 +505,116 @@ def check_dlq(
     return Finding("dead-letter", OK, f"{topic} is empty", "", detail)
 
 
+@dataclass
+class GatewayClock:
+    """What the dead letters say about one gateway's clock."""
+
+    ahead_events: int = 0
+    """Events dead-lettered as dated ahead of their record's trusted clock."""
+    ahead_empty: int = 0
+    """Empty batches (heartbeats) dead-lettered as future-dated: only their clock was wrong."""
+    max_ahead_ms: int = 0
+    late_events: int = 0
+    """Events that arrived after their window had closed."""
+    max_behind_ms: int = 0
+
+    @property
+    def events(self) -> int:
+        """Every event (and empty batch) this gateway lost to its clock."""
+        return self.ahead_events + self.ahead_empty + self.late_events
+
+
+def tally_clock_headers(
+    records: Iterable[Sequence[tuple[str, bytes | None]]],
+) -> dict[str, GatewayClock]:
+    """Per gateway, the clock evidence in dead-letter records' headers (others are skipped)."""
+    out: dict[str, GatewayClock] = {}
+    for headers in records:
+        h = {k: v for k, v in headers if v is not None}
+        kind, gateway = h.get("cacheroute.clock"), h.get("cacheroute.gateway")
+        if kind not in (b"ahead", b"late") or gateway is None:
+            continue
+        try:
+            events = int(h.get("cacheroute.events", b"1"))
+            skew = int(h.get("cacheroute.skew_ms", b"0"))
+        except ValueError:
+            events, skew = 1, 0
+        g = out.setdefault(gateway.decode(errors="replace"), GatewayClock())
+        if kind == b"ahead":
+            if events:
+                g.ahead_events += events
+            else:
+                g.ahead_empty += 1
+            g.max_ahead_ms = max(g.max_ahead_ms, skew)
+        else:
+            g.late_events += events
+            g.max_behind_ms = max(g.max_behind_ms, skew)
+    return out
+
+
+def check_clocks(
+    gateways: Mapping[str, GatewayClock],
+    *,
+    topic: str = "dead-letter",
+    window_min: float | None = None,
+    show: int = 5,
+) -> Finding:
+    """Name the gateways whose clocks cost events: future-dated or late dead letters.
+
+    A problem (fail) when the dead letters are from the last `window_min` minutes; without a
+    window they may be old and already fixed, so only a warning — as for `check_dlq`.
+    """
+    where = f"on {topic}" + (f" in the last {window_min:g} min" if window_min is not None else "")
+    if not gateways:
+        return Finding("gateway-clocks", OK, f"no future-dated or late dead letters {where}")
+    ranked = sorted(gateways.items(), key=lambda kv: (-kv[1].events, kv[0]))
+    parts = []
+    for name, g in ranked[:show]:
+        said = []
+        if g.ahead_events or g.ahead_empty:
+            what = [f"{g.ahead_events} future-dated event(s)"] if g.ahead_events else []
+            what += [f"{g.ahead_empty} future-dated empty batch(es)"] if g.ahead_empty else []
+            said.append(" and ".join(what) + f" (up to {_seconds(g.max_ahead_ms)} ahead)")
+        if g.late_events:
+            said.append(
+                f"{g.late_events} late event(s) (up to {_seconds(g.max_behind_ms)} behind the "
+                "watermark)"
+            )
+        parts.append(f"{name}: " + ", ".join(said))
+    more = len(ranked) - show
+    message = (
+        f"{len(ranked)} gateway(s) with clock trouble {where}: "
+        + "; ".join(parts)
+        + (f"; and {more} more" if more > 0 else "")
+    )
+    fix = (
+        "check the clock (NTP/chrony) of the named gateways' hosts. Future-dated records are "
+        "dead-lettered and never move the streams watermark; late events come from a clock "
+        "behind or from delivery slower than `cacheroute streams run --grace-ms` (raise it if "
+        "the clock is right). Both kinds are on the DLQ with `cacheroute.gateway` and "
+        "`cacheroute.clock` headers"
+    )
+    detail = {
+        "window_min": window_min,
+        "gateways": {
+            name: {
+                "ahead_events": g.ahead_events,
+                "ahead_empty_batches": g.ahead_empty,
+                "max_ahead_ms": g.max_ahead_ms,
+                "late_events": g.late_events,
+                "max_behind_ms": g.max_behind_ms,
+            }
+            for name, g in ranked
+        },
+    }
+    return Finding("gateway-clocks", FAIL if window_min is not None else WARN, message, fix, detail)
+
+
+def _seconds(ms: int) -> str:
+    s = ms / 1000
+    return f"{s:.3g} s" if s >= 1e5 else f"{s:.1f} s"
+
+
 # --------------------------------------------------------------------------------- adapter
 def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> DoctorReport:
     """Run every check against the broker of `settings`."""
@@ -327,33 +624,35 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
         KafkaException,
         TopicPartition,
     )
-    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
 
-    from cacheroute.kafkaio import consumer_config  # noqa: PLC0415
-    from cacheroute.topics import describe_topic_configs, make_admin, topic_specs  # noqa: PLC0415
+    from cacheroute.kafkaio import (  # noqa: PLC0415
+        KafkaConnectionError,
+        QuietLog,
+        connect_admin,
+        consumer_config,
+        explain_kafka_error,
+        is_authorization_error,
+    )
 
     opts = options or DoctorOptions()
-    probe = AdminClient({"bootstrap.servers": settings.bootstrap, "log_level": 0})
+    principal = settings.kafka_security.principal
     try:
-        probe.list_topics(timeout=opts.timeout_s)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        why = err.str() if hasattr(err, "str") else str(err)
-        return DoctorReport(settings.bootstrap, False, (check_broker(settings.bootstrap, why),))
-    admin = make_admin(settings.bootstrap)
-    meta = admin.list_topics(timeout=opts.timeout_s)
-    findings = [check_broker(settings.bootstrap, None)]
-    specs = topic_specs(settings)
-    partitions = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
-    present = [s.name for s in specs if s.name in partitions]
-    configs = describe_topic_configs(admin, present) if present else {}
-    findings += check_topics(specs, partitions, configs)
+        admin = connect_admin(settings, timeout=opts.timeout_s, doing="running the doctor checks")
+    except KafkaConnectionError as exc:
+        if exc.kind in ("authentication", "tls", "authorization"):
+            finding = check_access(exc.kind, str(exc), principal)
+            return DoctorReport(settings.bootstrap, True, (finding,))
+        return DoctorReport(
+            settings.bootstrap, False, (check_broker(settings.bootstrap, exc.detail),)
+        )
+    findings = [check_broker(settings.bootstrap, None, security=settings.kafka_security.describe())]
+    partitions = _topic_findings(settings, admin, opts, findings)
 
     plans = settings.topics["plans"]
     if plans in partitions:
         findings.append(_plan_finding(settings, opts))
 
-    consumer = Consumer(consumer_config(settings, group_id="cacheroute-doctor"))
+    consumer = Consumer(consumer_config(settings, group_id="cacheroute-doctor", logger=QuietLog()))
     try:
         requests = settings.topics["requests"]
         if requests in partitions:
@@ -364,6 +663,7 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
                 lo, hi = consumer.get_watermark_offsets(tp, timeout=opts.timeout_s)
                 low[tp.partition], high[tp.partition] = lo, hi
             committed: dict[int, int | None] = {}
+            denied = False
             try:
                 futures = admin.list_consumer_group_offsets(
                     [ConsumerGroupTopicPartitions(opts.streams_group, tps)]
@@ -371,18 +671,122 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
                 result = futures[opts.streams_group].result(timeout=opts.timeout_s)
                 for tp in result.topic_partitions or []:
                     committed[tp.partition] = tp.offset if tp.offset >= 0 else None
-            except KafkaException:
+            except KafkaException as exc:
                 committed = {}
-            findings.append(
-                check_lag(opts.streams_group, requests, committed, low, high, max_lag=opts.max_lag)
-            )
+                if is_authorization_error(exc):
+                    denied = True  # the lag is unknown, not zero: no streams-lag finding
+                    findings.append(
+                        check_access(
+                            "authorization",
+                            explain_kafka_error(
+                                settings, exc, doing=f"reading group {opts.streams_group}"
+                            )[1],
+                            principal,
+                        )
+                    )
+            if not denied:
+                findings.append(
+                    check_lag(
+                        opts.streams_group, requests, committed, low, high, max_lag=opts.max_lag
+                    )
+                )
 
         dlq = settings.topics["dead_letter"]
         if dlq in partitions:
-            findings.append(_dlq_finding(consumer, dlq, partitions[dlq], opts))
+            findings += _dlq_findings(consumer, dlq, partitions[dlq], opts)
     finally:
         consumer.close()
     return DoctorReport(settings.bootstrap, True, tuple(findings))
+
+
+def _topic_findings(
+    settings: Settings, admin: Any, opts: DoctorOptions, findings: list[Finding]
+) -> dict[str, int]:
+    """Append the topic findings (existence, partitions, configs, access); return the partition
+    count of every topic the principal can see."""
+    from confluent_kafka import KafkaException  # noqa: PLC0415
+
+    from cacheroute.kafkaio import explain_kafka_error, is_authorization_error  # noqa: PLC0415
+    from cacheroute.topics import (  # noqa: PLC0415
+        cluster_size,
+        describe_topic_configs,
+        topic_specs,
+    )
+
+    principal = settings.kafka_security.principal
+    meta = admin.list_topics(timeout=opts.timeout_s)
+    specs = topic_specs(settings, cluster_size(meta))
+    partitions = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
+    present = [s.name for s in specs if s.name in partitions]
+    readable = True
+    try:
+        configs = describe_topic_configs(admin, present) if present else {}
+    except KafkaException as exc:
+        if not is_authorization_error(exc):
+            raise
+        readable = False
+        configs = {s.name: dict(s.config) for s in specs if s.name in partitions}
+        findings.append(
+            check_access(
+                "authorization",
+                explain_kafka_error(settings, exc, doing="describing topic configs")[1],
+                principal,
+            )
+        )
+    missing = [s.name for s in specs if s.name not in partitions]
+    denied = (
+        _denied_topics(admin, missing, opts.timeout_s) if settings.kafka_security.uses_sasl else []
+    )
+    checked = check_topics(specs, partitions, configs)
+    if not readable:  # the configs were not judged: say so instead of "as specified"
+        checked = [
+            Finding(
+                f.check,
+                WARN,
+                f.message.replace(
+                    "configs as specified", "configs not readable by " + str(principal)
+                ),
+                "run the doctor with the admin credentials to check the configs",
+                f.detail,
+            )
+            if f.status == OK
+            else f
+            for f in checked
+        ]
+    findings += deny_topics(checked, specs, denied, principal)
+    state = {
+        s.name: {
+            p: PartitionReplicas(pm.leader, tuple(pm.replicas), tuple(pm.isrs))
+            for p, pm in meta.topics[s.name].partitions.items()
+        }
+        for s in specs
+        if s.name in partitions
+    }
+    if state:
+        min_insync = {
+            name: int(configs.get(name, {}).get("min.insync.replicas", "1")) for name in state
+        }
+        findings.append(
+            check_replication(state, min_insync, want_replicas=specs[0].replication_factor)
+        )
+    return partitions
+
+
+def _denied_topics(admin: Any, names: Sequence[str], timeout: float) -> list[str]:
+    """Those of `names` the broker says we may not describe (asked one by one: a listing of all
+    topics just leaves them out)."""
+    from confluent_kafka import KafkaError, KafkaException  # noqa: PLC0415
+
+    denied = []
+    for name in names:
+        try:
+            meta = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
+        except KafkaException:
+            continue
+        error = None if meta is None else meta.error
+        if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            denied.append(name)
+    return denied
 
 
 def _plan_finding(settings: Settings, opts: DoctorOptions) -> Finding:
@@ -410,23 +814,72 @@ def _plan_finding(settings: Settings, opts: DoctorOptions) -> Finding:
     )
 
 
-def _dlq_finding(consumer: Any, dlq: str, n_partitions: int, opts: DoctorOptions) -> Finding:
-    """Count dead letters: all retained, and those of the last `opts.dlq_window_min` minutes."""
+def _dlq_findings(consumer: Any, dlq: str, n_partitions: int, opts: DoctorOptions) -> list[Finding]:
+    """Count dead letters (all retained, and those of the last `opts.dlq_window_min` minutes);
+    read the newest ones' headers for gateways with clock trouble."""
     from confluent_kafka import TopicPartition  # noqa: PLC0415
 
     total = 0
     recent: int | None = None
     highs: dict[int, int] = {}
+    starts: dict[int, int] = {}
     for p in range(n_partitions):
         lo, hi = consumer.get_watermark_offsets(TopicPartition(dlq, p), timeout=opts.timeout_s)
         total += hi - lo
         highs[p] = hi
+        starts[p] = max(lo, hi - opts.dlq_scan_max)
     if opts.dlq_window_min is not None:
         since = time.time_ns() // 1_000_000 - int(opts.dlq_window_min * 60_000)
         found = consumer.offsets_for_times(
             [TopicPartition(dlq, p, since) for p in highs], timeout=opts.timeout_s
         )
         recent = sum(highs[tp.partition] - tp.offset if tp.offset >= 0 else 0 for tp in found)
-    return check_dlq(
-        dlq, total, recent=recent, window_min=opts.dlq_window_min, max_recent=opts.max_dlq_recent
-    )
+        for tp in found:
+            starts[tp.partition] = max(
+                starts[tp.partition], tp.offset if tp.offset >= 0 else highs[tp.partition]
+            )
+    findings = [
+        check_dlq(
+            dlq,
+            total,
+            recent=recent,
+            window_min=opts.dlq_window_min,
+            max_recent=opts.max_dlq_recent,
+        )
+    ]
+    gateways = tally_clock_headers(_read_headers(consumer, dlq, starts, highs, opts.timeout_s))
+    if gateways:
+        findings.append(check_clocks(gateways, topic=dlq, window_min=opts.dlq_window_min))
+    return findings
+
+
+def _read_headers(
+    consumer: Any, topic: str, starts: Mapping[int, int], highs: Mapping[int, int], timeout: float
+) -> list[list[tuple[str, bytes | None]]]:
+    """Headers of the records of `topic` in [start, high) per partition (values are ignored)."""
+    from confluent_kafka import KafkaError, TopicPartition  # noqa: PLC0415
+
+    todo = {p for p, start in starts.items() if start < highs[p]}
+    if not todo:
+        return []
+    out: list[list[tuple[str, bytes | None]]] = []
+    consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
+    deadline = time.monotonic() + timeout
+    try:
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                err = msg.error()
+                p = msg.partition()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        todo.discard(p)
+                    continue
+                if p not in todo:
+                    continue
+                raw = msg.headers() or []
+                out.append(list(raw.items()) if isinstance(raw, dict) else list(raw))
+                if msg.offset() >= highs[p] - 1:
+                    todo.discard(p)
+    finally:
+        consumer.unassign()
+    return out

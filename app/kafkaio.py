@@ -1,29 +1,74 @@
 """Thin confluent-kafka adapters shared by every CacheRoute process.
 
-Client configs are built in one place so every producer is idempotent and compressed, and
-confluent-kafka's `Message` is converted to our own frozen `KafkaRecord` at the edge, so code
-further in never depends on the vendor type.
+Client configs are built in one place so every producer is idempotent and compressed, every client
+(producer, consumer, admin) carries the deployment's connection security (`Settings.kafka_security`:
+SASL and TLS), and confluent-kafka's `Message` is converted to our own frozen `KafkaRecord` at the
+edge, so code further in never depends on the vendor type.
+
+The configs are `ClientConfig` dicts: they hold the SASL password (librdkafka needs it), so their
+repr shows `********` instead. `connect_admin` is the connection check of the CLI tools: it turns
+librdkafka's generic "transport failure" into one line naming the cause (wrong password, unknown
+CA, a TLS or SASL mismatch, or no broker at all).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from cacheroute.errors import CacheRouteError
+from cacheroute.kafkasecurity import ENV_VARS, redact_config
 from cacheroute.settings import Settings
 
 __all__ = [
+    "AUTHORIZATION_ERRORS",
+    "ClientConfig",
+    "ErrorWatch",
+    "KafkaConnectionError",
     "KafkaRecord",
+    "QuietLog",
+    "admin_config",
+    "check_credentials",
+    "connect_admin",
+    "connection_config",
     "consumer_config",
+    "explain_kafka_error",
+    "is_authorization_error",
     "produce_sync",
     "producer_config",
     "read_partition",
     "to_record",
 ]
+
+log = logging.getLogger(__name__)
+
+AUTHORIZATION_ERRORS = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.DELEGATION_TOKEN_AUTHORIZATION_FAILED,
+    }
+)
+"""Broker error codes that mean "authenticated, but this principal may not do that"."""
+
+
+class ClientConfig(dict[str, Any]):
+    """A confluent-kafka config dict whose repr hides secrets (it is passed around and may be
+    printed by a failing test or a debug log; the password must not come with it)."""
+
+    def __repr__(self) -> str:
+        return f"ClientConfig({redact_config(self)!r})"
+
+    __str__ = __repr__
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,34 +113,196 @@ def _headers(msg: Message) -> tuple[tuple[str, bytes], ...]:
     return tuple((k, v if isinstance(v, bytes) else (v or "").encode()) for k, v in pairs)
 
 
-def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+def connection_config(settings: Settings) -> ClientConfig:
+    """Where and how to connect: bootstrap servers plus the security properties (SASL/TLS)."""
+    return ClientConfig(
+        {"bootstrap.servers": settings.bootstrap, **settings.kafka_security.client_config()}
+    )
+
+
+def admin_config(settings: Settings, **extra: Any) -> ClientConfig:
+    """An AdminClient config with the deployment's connection security."""
+    config = connection_config(settings)
+    config["log_level"] = 3
+    config.update(extra)
+    return config
+
+
+def producer_config(settings: Settings, **extra: Any) -> ClientConfig:
     """Idempotent (no duplicates or reordering on retry), zstd-compressed, small linger."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap,
-        "enable.idempotence": True,
-        "acks": "all",
-        "compression.type": "zstd",
-        "linger.ms": 5,
-        "log_level": 3,
-    }
+    config = connection_config(settings)
+    config.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "zstd",
+            "linger.ms": 5,
+            "log_level": 3,
+        }
+    )
     config.update(extra)
     return config
 
 
-def consumer_config(
-    settings: Settings, group_id: str | None = None, **extra: Any
-) -> dict[str, Any]:
+def consumer_config(settings: Settings, group_id: str | None = None, **extra: Any) -> ClientConfig:
     """A consumer that reads from the earliest offset and commits only when told to."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap,
-        "group.id": group_id or "cacheroute-reader",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "enable.partition.eof": True,
-        "log_level": 3,
-    }
+    config = connection_config(settings)
+    config.update(
+        {
+            "group.id": group_id or "cacheroute-reader",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+            "log_level": 3,
+        }
+    )
     config.update(extra)
     return config
+
+
+class ErrorWatch:
+    """An `error_cb` that remembers the most telling client-level error (authentication and TLS
+    failures first): librdkafka reports them only there, while the failed call itself says just
+    "transport failure"."""
+
+    _RANK: Mapping[int, int] = {
+        KafkaError._AUTHENTICATION: 3,
+        KafkaError._SSL: 3,
+        KafkaError.SASL_AUTHENTICATION_FAILED: 3,
+        KafkaError._ALL_BROKERS_DOWN: 1,
+        KafkaError._TRANSPORT: 1,
+    }
+
+    def __init__(self) -> None:
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if self.error is None or self._RANK.get(err.code(), 2) >= self._RANK.get(
+            self.error.code(), 2
+        ):
+            self.error = err
+
+
+class QuietLog:
+    """A `logger` for client configs: librdkafka's own lines (one per reconnect attempt, or a
+    coordinator connection cut at close) go to DEBUG, not the terminal. For the CLI tools, which
+    report the cause once, through `explain_kafka_error`."""
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        """Called by confluent-kafka for each librdkafka log line."""
+        log.debug(fmt, *args)
+
+
+def is_authorization_error(err: KafkaError | KafkaException | BaseException | None) -> bool:
+    """Whether an error means the principal lacks an ACL."""
+    kerr = _kafka_error(err)
+    return kerr is not None and kerr.code() in AUTHORIZATION_ERRORS
+
+
+def _kafka_error(err: KafkaError | BaseException | None) -> KafkaError | None:
+    if isinstance(err, KafkaError):
+        return err
+    if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
+        return err.args[0]
+    return None
+
+
+def explain_kafka_error(
+    settings: Settings,
+    err: KafkaError | BaseException | None,
+    watch: ErrorWatch | None = None,
+    *,
+    doing: str = "connecting",
+) -> tuple[str, str]:
+    """(kind, one line naming the cause and the fix) of a failed Kafka call.
+
+    kind is "authentication", "tls", "authorization", "unreachable" or "error". Messages name the
+    principal, mechanism, files and variables to check, never a secret.
+    """
+    sec = settings.kafka_security
+    at = settings.bootstrap
+    seen = watch.error if watch is not None else None
+    kerr = _kafka_error(err)
+    who = f"as {sec.principal} ({sec.effective_mechanism})" if sec.principal else "without SASL"
+    where = f"; the connection settings come from {sec.source}" if sec.source != "defaults" else ""
+    for candidate in (kerr, seen):
+        if candidate is None:
+            continue
+        code = candidate.code()
+        text = _strip_broker_prefix(candidate.str()).rstrip(".")
+        if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            return "authentication", (
+                f"Kafka authentication failed {who} at {at}: {text}. Check the username and "
+                f"password ({ENV_VARS['username']}/{ENV_VARS['password']} or the --kafka-config "
+                f"file) and the SASL mechanism{where}"
+            )
+        if code == KafkaError._SSL:
+            return "tls", (
+                f"TLS with the Kafka broker at {at} failed: {text}. Check the CA file "
+                f"({ENV_VARS['ssl_ca_file']}: {sec.ssl_ca_file or 'system CAs'}), that the "
+                f"broker's certificate names the host you connect to, and the client "
+                f"certificate{where}"
+            )
+        if code in AUTHORIZATION_ERRORS:
+            return "authorization", (
+                f"Kafka refused {doing} {who} at {at}: {text}. The principal lacks an ACL: "
+                "grant what `cacheroute topics acls` prints for its role, or use the credentials "
+                "of the role that owns this job"
+            )
+    base = kerr.str() if kerr is not None else str(err) if err is not None else "no answer"
+    hint = (
+        "; if the broker requires TLS or SASL, configure the connection with --kafka-config or "
+        "CACHEROUTE_KAFKA_SECURITY_PROTOCOL"
+        if sec.protocol == "PLAINTEXT"
+        else f"; is {sec.protocol} the protocol of that listener?{where}"
+    )
+    if kerr is not None and kerr.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
+        return "unreachable", (
+            f"no Kafka broker answers at {at} ({base}). Start one with `cacheroute kafka start` "
+            f"or set CACHEROUTE_BOOTSTRAP / --bootstrap{hint}"
+        )
+    return "error", f"Kafka error while {doing} at {at}: {base}"
+
+
+def _strip_broker_prefix(text: str) -> str:
+    """`sasl_ssl://host:port/bootstrap: SASL authentication error: ...` -> the part after the
+    broker name, without librdkafka's `(after N ms in state X)` suffix."""
+    out = re.sub(r"^\w+://\S+?: ", "", text)
+    return out.split(" (after ")[0].strip()
+
+
+class KafkaConnectionError(CacheRouteError):
+    """Connecting to Kafka failed; `kind` is what `explain_kafka_error` found ("authentication",
+    "tls", "authorization", "unreachable" or "error"), `detail` librdkafka's own words."""
+
+    def __init__(self, message: str, *, kind: str, detail: str) -> None:
+        super().__init__(message, retriable=kind in ("unreachable", "error"))
+        self.kind = kind
+        self.detail = detail
+
+
+def connect_admin(
+    settings: Settings, *, timeout: float = 15.0, doing: str = "connecting"
+) -> AdminClient:
+    """An AdminClient that has answered a metadata request; else CacheRouteError with one line
+    that names the cause (authentication, TLS, authorization or no broker)."""
+    watch = ErrorWatch()
+    admin = AdminClient(admin_config(settings, error_cb=watch, logger=QuietLog()))
+    deadline = time.monotonic() + timeout
+    while True:
+        # Short attempts: librdkafka retries a refused login until the timeout, but the cause is
+        # known after the first one (error_cb), and a wrong password must not look like a hang.
+        step = max(0.1, min(1.0, deadline - time.monotonic()))
+        try:
+            admin.list_topics(timeout=step)
+            return admin
+        except KafkaException as exc:
+            admin.poll(0)  # serve the queued error callbacks: they hold the real cause
+            kind, message = explain_kafka_error(settings, exc, watch, doing=doing)
+            if kind in ("authentication", "tls", "authorization") or time.monotonic() >= deadline:
+                kerr = _kafka_error(exc)
+                detail = kerr.str() if kerr is not None else str(exc)
+                raise KafkaConnectionError(message, kind=kind, detail=detail) from None
 
 
 def produce_sync(
@@ -160,3 +367,19 @@ def read_partition(
     finally:
         consumer.close()
     return records
+
+
+def check_credentials(
+    settings: Settings, *, timeout: float = 10.0, doing: str = "starting"
+) -> None:
+    """Fail fast, with one line, when a secured connection is refused for who we are (wrong
+    password, untrusted certificate); a broker that is merely down is left to the service's own
+    retries. No-op for PLAINTEXT: nothing to check, and no start-up delay for the demo."""
+    if settings.kafka_security.protocol == "PLAINTEXT":
+        return
+    try:
+        connect_admin(settings, timeout=timeout, doing=doing)
+    except KafkaConnectionError as exc:
+        if exc.kind in ("authentication", "tls"):
+            raise
+        log.warning("%s; starting anyway, the clients keep retrying", exc)

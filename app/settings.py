@@ -3,6 +3,11 @@
 Values come from defaults, then `CACHEROUTE_*` environment variables, then CLI flags (highest).
 It is a frozen dataclass passed to whatever needs it — no module globals — so tests build their own
 (`Settings(topic_prefix="test-1234.")`) without touching the environment.
+
+The connection's security (SASL, TLS) is `kafka_security`, built by `cacheroute.kafkasecurity` from
+the file `kafka_config` (`--kafka-config`, CACHEROUTE_KAFKA_CONFIG) and the CACHEROUTE_KAFKA_*
+variables; when that file names `bootstrap.servers` and neither CACHEROUTE_BOOTSTRAP nor
+`--bootstrap` is given, the file's address is used.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from cacheroute.errors import ConfigError
+from cacheroute.kafkasecurity import KafkaSecurity
 
 __all__ = ["ENV_PREFIX", "Settings", "default_home"]
 
 ENV_PREFIX = "CACHEROUTE_"
 
 DAY_MS = 24 * 3600 * 1000
+
+_NOT_FROM_ENV = frozenset({"kafka_security"})
+"""Fields built from several variables (CACHEROUTE_KAFKA_*) instead of one CACHEROUTE_<NAME>."""
 
 
 def default_home() -> Path:
@@ -54,6 +63,10 @@ class Settings:
     plans_min_cleanable_dirty_ratio: float = 0.01
     plans_delete_retention_ms: int = 3_600_000
     """How long tombstones stay readable on `plans` (a consumer slower than this may miss one)."""
+    replication_factor: int = 0
+    """Replicas per partition of new topics; 0: min(3, brokers in the cluster)."""
+    min_insync_replicas: int = 0
+    """`min.insync.replicas` of the topics; 0: 2 with three or more replicas, else 1."""
 
     home: Path = field(default_factory=default_home)
     """Cache of broker jars and local broker state (data, logs, pid file)."""
@@ -67,6 +80,11 @@ class Settings:
     """Base URL of Apache Kafka release tarballs (source `tarball`)."""
     kafka_heap: str = "512m"
     """Java heap of the local broker."""
+    kafka_config: Path | None = None
+    """A Kafka client properties file or a `.toml` file with the connection's security settings
+    (env CACHEROUTE_KAFKA_CONFIG, flag --kafka-config); see cacheroute.kafkasecurity."""
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    """How every client connects: protocol, SASL and TLS (PLAINTEXT unless configured)."""
 
     @property
     def topics(self) -> dict[str, str]:
@@ -96,12 +114,21 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if f.name in _NOT_FROM_ENV:
+                continue
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None and raw != "":
                 values[f.name] = _parse(f.name, f.type, raw)
         if "kafka_home" not in values and env.get("KAFKA_HOME"):
             values["kafka_home"] = Path(env["KAFKA_HOME"])
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "kafka_security" not in given:
+            config_file = given.get("kafka_config", values.get("kafka_config"))
+            security, file_bootstrap = KafkaSecurity.load(env, config_file)
+            values["kafka_security"] = security
+            if file_bootstrap and "bootstrap" not in values:
+                values["bootstrap"] = file_bootstrap
+        values.update(given)
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
@@ -122,14 +149,32 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive")
+        for name in ("replication_factor", "min_insync_replicas"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be 0 (automatic) or positive")
+        if self.replication_factor and self.min_insync_replicas > self.replication_factor:
+            raise ConfigError(
+                f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({self.min_insync_replicas}) exceeds "
+                f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor}): no write could succeed"
+            )
         if not 0.0 < self.plans_min_cleanable_dirty_ratio <= 1.0:
             raise ConfigError(f"{ENV_PREFIX}PLANS_MIN_CLEANABLE_DIRTY_RATIO must be in (0, 1]")
         if self.kafka_source not in ("auto", "maven", "tarball"):
             raise ConfigError(f"{ENV_PREFIX}KAFKA_SOURCE must be auto, maven or tarball")
+        self.kafka_security.validate()
 
     def with_overrides(self, **overrides: Any) -> Settings:
-        """A copy with the non-None overrides applied (used for CLI flags)."""
+        """A copy with the non-None overrides applied (used for CLI flags).
+
+        A new `kafka_config` (without an explicit `kafka_security`) replaces the security with the
+        file's alone: the environment is read only by `from_env`, so tests stay hermetic.
+        """
         changed = {k: v for k, v in overrides.items() if v is not None}
+        if "kafka_config" in changed and "kafka_security" not in changed:
+            security, file_bootstrap = KafkaSecurity.load({}, changed["kafka_config"])
+            changed["kafka_security"] = security
+            if file_bootstrap and "bootstrap" not in changed:
+                changed["bootstrap"] = file_bootstrap
         settings = dataclasses.replace(self, **changed) if changed else self
         settings.validate()
         return settings

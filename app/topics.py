@@ -1,12 +1,18 @@
 """The project's Kafka topics: what they must look like, and making the cluster match.
 
-`topic_specs` is pure (settings in, specs out); `ensure_topics` is the adapter that talks to the
-cluster. Existing topics keep their partition count (changing it would move keys between
+`topic_specs` is pure (settings and broker count in, specs out); `ensure_topics` is the adapter that
+talks to the cluster. Existing topics keep their partition count (changing it would move keys between
 partitions, breaking per-key ordering), but their configs are brought to the spec.
+
+Replication follows the cluster unless set: replication factor min(3, brokers) and
+`min.insync.replicas` 2 from three replicas on (1 below), so with acks=all (every CacheRoute
+producer) an acknowledged record survives losing any one broker while writes go on; on the single
+local broker both are 1, as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -14,6 +20,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
+    ClusterMetadata,
     ConfigEntry,
     ConfigResource,
     NewTopic,
@@ -21,9 +28,23 @@ from confluent_kafka.admin import (
 )
 
 from cacheroute.errors import CacheRouteError
+from cacheroute.kafkaio import (
+    admin_config,
+    connect_admin,
+    explain_kafka_error,
+    is_authorization_error,
+)
 from cacheroute.settings import Settings
 
-__all__ = ["TopicOutcome", "TopicSpec", "describe_topic_configs", "ensure_topics", "topic_specs"]
+__all__ = [
+    "TopicOutcome",
+    "TopicSpec",
+    "cluster_size",
+    "describe_topic_configs",
+    "ensure_topics",
+    "replication_for",
+    "topic_specs",
+]
 
 
 @dataclass(frozen=True)
@@ -34,6 +55,7 @@ class TopicSpec:
     name: str
     partitions: int
     config: dict[str, str]
+    replication_factor: int = 1
 
 
 @dataclass
@@ -47,11 +69,34 @@ class TopicOutcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def topic_specs(settings: Settings) -> list[TopicSpec]:
+def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of the topics on a cluster of `brokers`."""
+    rf = settings.replication_factor or max(1, min(3, brokers))
+    min_isr = settings.min_insync_replicas or (2 if rf >= 3 else 1)
+    return rf, min_isr
+
+
+def cluster_size(meta: ClusterMetadata) -> int:
+    """Brokers the topics are laid out for: those answering, or more if some topic (internal ones
+    included) has more replicas — a broker that is down must not shrink the spec, or every topic
+    would look drifted exactly while the cluster is degraded."""
+    widest = max(
+        (len(p.replicas) for t in meta.topics.values() for p in t.partitions.values()),
+        default=0,
+    )
+    return max(len(meta.brokers), widest, 1)
+
+
+def topic_specs(settings: Settings, brokers: int = 1) -> list[TopicSpec]:
     """The four topics: requests, rates, plans (compacted) and the dead-letter topic."""
     names = settings.topics
-    retained = {"cleanup.policy": "delete", "retention.ms": str(settings.retention_ms)}
-    return [
+    rf, min_isr = replication_for(settings, brokers)
+    retained = {
+        "cleanup.policy": "delete",
+        "retention.ms": str(settings.retention_ms),
+        "min.insync.replicas": str(min_isr),
+    }
+    specs = [
         TopicSpec("requests", names["requests"], settings.requests_partitions, dict(retained)),
         TopicSpec("rates", names["rates"], settings.rates_partitions, dict(retained)),
         TopicSpec(
@@ -64,6 +109,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 "min.cleanable.dirty.ratio": str(settings.plans_min_cleanable_dirty_ratio),
                 "delete.retention.ms": str(settings.plans_delete_retention_ms),
                 "min.compaction.lag.ms": "0",
+                "min.insync.replicas": str(min_isr),
             },
         ),
         TopicSpec(
@@ -73,11 +119,19 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             dict(retained),
         ),
     ]
+    return [dataclasses.replace(spec, replication_factor=rf) for spec in specs]
 
 
-def make_admin(bootstrap: str) -> AdminClient:
-    """An AdminClient that does not spam stderr while a broker is unreachable."""
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+def make_admin(settings: Settings | str) -> AdminClient:
+    """An AdminClient with the deployment's connection security (SASL/TLS) that does not spam
+    stderr while a broker is unreachable.
+
+    Pass the Settings: a bare bootstrap address (still accepted for old callers and tests of the
+    PLAINTEXT broker) connects without security, which a secured cluster refuses.
+    """
+    if isinstance(settings, str):
+        return AdminClient({"bootstrap.servers": settings, "log_level": 3})
+    return AdminClient(admin_config(settings))
 
 
 def describe_topic_configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
@@ -91,24 +145,45 @@ def describe_topic_configs(admin: AdminClient, names: list[str]) -> dict[str, di
 
 
 def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> list[TopicOutcome]:
-    """Create missing topics and align configs of existing ones; return what was done."""
-    admin = make_admin(settings.bootstrap)
-    specs = topic_specs(settings)
+    """Create missing topics and align configs of existing ones; return what was done.
+
+    A principal without the ACLs for this (only the admin role has them) gets one line that says
+    so, not a traceback.
+    """
+    admin = connect_admin(settings, timeout=timeout, doing="managing topics")
     try:
-        meta = admin.list_topics(timeout=timeout)
+        return _ensure(admin, settings, timeout)
     except KafkaException as exc:
+        if not is_authorization_error(exc):
+            raise
+        _, why = explain_kafka_error(settings, exc, doing="managing topics")
+        raise CacheRouteError(why) from None
+
+
+def _ensure(admin: AdminClient, settings: Settings, timeout: float) -> list[TopicOutcome]:
+    meta = admin.list_topics(timeout=timeout)
+    brokers = len(meta.brokers)
+    specs = topic_specs(settings, cluster_size(meta))
+    rf = specs[0].replication_factor
+    if rf > brokers and any(s.name not in meta.topics for s in specs):
         raise CacheRouteError(
-            f"no Kafka broker answers at {settings.bootstrap} ({exc}). Start one with "
-            "`cacheroute kafka start` or set CACHEROUTE_BOOTSTRAP",
-            retriable=True,
-        ) from exc
+            f"new topics need {rf} replicas but only {brokers} broker(s) answer at "
+            f"{settings.bootstrap}: start the missing broker(s), or set "
+            "CACHEROUTE_REPLICATION_FACTOR"
+        )
     existing = {name: len(t.partitions) for name, t in meta.topics.items()}
+    replicas = {
+        name: min((len(p.replicas) for p in t.partitions.values()), default=0)
+        for name, t in meta.topics.items()
+    }
     outcomes: dict[str, TopicOutcome] = {}
     missing = [s for s in specs if s.name not in existing]
     if missing:
         futures = admin.create_topics(
             [
-                NewTopic(s.name, s.partitions, replication_factor=-1, config=s.config)
+                NewTopic(
+                    s.name, s.partitions, replication_factor=s.replication_factor, config=s.config
+                )
                 for s in missing
             ],
             operation_timeout=timeout,
@@ -117,6 +192,9 @@ def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> list[TopicOut
             try:
                 futures[spec.name].result(timeout=timeout)
             except KafkaException as exc:
+                if is_authorization_error(exc):
+                    _, why = explain_kafka_error(settings, exc, doing=f"creating {spec.name}")
+                    raise CacheRouteError(why) from None
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise CacheRouteError(f"could not create topic {spec.name}: {exc}") from exc
             outcomes[spec.name] = TopicOutcome(spec, "created", spec.partitions)
@@ -130,6 +208,12 @@ def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> list[TopicOut
             outcome.warnings.append(
                 f"{spec.name} has {existing[spec.name]} partitions, the settings say "
                 f"{spec.partitions}; left as is (changing it moves keys between partitions)"
+            )
+        if replicas.get(spec.name, rf) < spec.replication_factor:
+            outcome.warnings.append(
+                f"{spec.name} has {replicas[spec.name]} replica(s), the cluster calls for "
+                f"{spec.replication_factor}; raise it with a partition reassignment "
+                "(kafka-reassign-partitions.sh), ensure does not move data"
             )
         diff = {
             k: (current[spec.name].get(k), v)

@@ -189,7 +189,7 @@ def _end_to_end(
             "e2e_delivery_errors": stats.delivery_errors,
         }
     finally:
-        admin = make_admin(fresh.bootstrap)
+        admin = make_admin(fresh)
         names = [
             t for t in admin.list_topics(timeout=10).topics if t.startswith(fresh.topic_prefix)
         ]

@@ -46,7 +46,7 @@ def discover_partitions(settings: Settings, topic: str, *, timeout: float = 10.0
     broker that allows that), so a missing topic is reported instead of silently created with the
     broker's default partition count — which would map keys differently from the streams agent.
     """
-    admin = make_admin(settings.bootstrap)
+    admin = make_admin(settings)
     try:
         meta = admin.list_topics(timeout=timeout)
     except KafkaException as exc:

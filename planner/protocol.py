@@ -41,19 +41,27 @@ __all__ = [
     "DEFAULT_MAX_CHUNK_BYTES",
     "HARD_MAX_CHUNK_BYTES",
     "HEADER_KEY",
+    "MAX_CHUNK_COUNT",
+    "MAX_PLAN_KEYS",
+    "MAX_PLAN_VERSION",
+    "MAX_VERSION_STEP",
     "PROTOCOL_REVISION",
+    "VERSION_EPOCH_MS",
     "EncodedPlan",
     "KeyKind",
     "ProtocolError",
     "chunk_bounds",
     "chunk_checksum",
     "chunk_key",
+    "chunk_problem",
     "decode_chunks",
     "encode_plan",
     "header_for",
+    "header_problem",
     "parse_key",
     "peek_chunk",
     "plan_from_records",
+    "version_ceiling",
 ]
 
 PROTOCOL_REVISION = 1
@@ -71,6 +79,29 @@ here): gateways decode chunks in a background thread while routing, and one chun
 the GIL. Far below Kafka's 1 MB default message limit; zstd batches many chunks per request."""
 HARD_MAX_CHUNK_BYTES = 900 * 1024
 """No chunk may be larger (the broker's default max.message.bytes is 1 MiB + 12 bytes)."""
+
+MAX_PLAN_KEYS = 1 << 22
+"""Most admitted keys a plan may have (4,194,304): 4x the largest plan measured end to end (1M keys,
+191 chunks, 42 MB of records; docs/PLAN_PROTOCOL.md). Every gateway decodes and holds the whole
+plan, so a header claiming more is not a plan any reader should try to assemble."""
+MAX_CHUNK_COUNT = MAX_PLAN_KEYS
+"""Most chunks a version may have. `chunk_bounds` never cuts an empty chunk, so a version has at most
+one chunk per admitted key; that worst case is real (keys near a kilobyte with the smallest chunk
+size the planner accepts, 1 KiB, fit one per chunk), so no tighter bound holds for every valid
+plan. A header's own `key_count` bounds it further (see `header_problem`), and so does the broker:
+each chunk is one record of at most max.message.bytes, so the bytes a version can make a reader
+buffer grow with the chunks that actually arrive, never with what a header claims."""
+MAX_PLAN_VERSION = (1 << 53) - 1
+"""Highest version a reader applies and a planner writes: below the schema's long limit (2^63 - 1),
+so the planner always has room above any version it accepts, and exact in a float64 (the version
+gauges are Prometheus doubles). At a thousand versions a second it lasts 285,000 years."""
+MAX_VERSION_STEP = 1 << 20
+"""How far above the newest verified version an unverified record's version may be and still count
+when a planner recovers its next version (1,048,576: a million aborted publishes in a row)."""
+VERSION_EPOCH_MS = 1_704_067_200_000
+"""2024-01-01T00:00:00Z, before any plan of this protocol was written. No planner commits more than
+one version per millisecond, so without a verified version to measure from, a version above the
+milliseconds since this epoch cannot have been written by a planner."""
 
 # Avro binary widths: a long/int varint takes at most 10/5 bytes, a double exactly 8.
 _LONG_MAX = 10
@@ -105,6 +136,57 @@ def parse_key(key: bytes | None) -> tuple[KeyKind, int]:
         if digits.isdigit() and len(digits) >= 5:
             return "chunk", int(digits)
     return "other", -1
+
+
+def header_problem(header: PlanHeader) -> str | None:
+    """Why `header` cannot describe a plan any reader should assemble; None if it may.
+
+    Checked before a reader allocates anything for the version: a header is a few hundred bytes
+    that anyone with write access can forge, and its counts must not size memory. Only counts and
+    the version are checked here; everything else is checked against the chunks when they verify.
+    """
+    v, n, keys = header.version, header.chunk_count, header.key_count
+    if not 0 <= v <= MAX_PLAN_VERSION:
+        return f"version {v} is outside [0, {MAX_PLAN_VERSION}]"
+    if not 0 <= keys <= MAX_PLAN_KEYS:
+        return f"version {v}: key_count {keys} is outside [0, {MAX_PLAN_KEYS}]"
+    if not 0 <= n <= MAX_CHUNK_COUNT:
+        return f"version {v}: chunk_count {n} is outside [0, {MAX_CHUNK_COUNT}]"
+    if n > keys:
+        return f"version {v}: {n} chunks for {keys} keys (every chunk holds at least one key)"
+    if keys and not n:
+        return f"version {v}: {keys} keys in no chunk"
+    return None
+
+
+def chunk_problem(version: int, index: int, size: int) -> str | None:
+    """Why a chunk record (peeked version and index, value size) cannot belong to any valid version.
+
+    `size` above HARD_MAX_CHUNK_BYTES: no planner writes such a chunk (`chunk_bounds` refuses).
+    """
+    if not 0 <= version <= MAX_PLAN_VERSION:
+        return f"chunk {index} of version {version}: the version is outside [0, {MAX_PLAN_VERSION}]"
+    if not 0 <= index < MAX_CHUNK_COUNT:
+        return f"chunk index {index} of version {version} is outside [0, {MAX_CHUNK_COUNT})"
+    if size > HARD_MAX_CHUNK_BYTES:
+        return f"chunk {index} of version {version} is {size} bytes, over {HARD_MAX_CHUNK_BYTES}"
+    return None
+
+
+def version_ceiling(verified: int | None, now_ms: int) -> int:
+    """The highest version an *unverified* record (header without its chunks, chunk, aborted write)
+    may carry and still count when a planner recovers the next version to write.
+
+    A planner never reuses a version that was written, so it starts above every version it finds;
+    a forged record at 2^63 - 1 would otherwise leave it no version to write, for good. A version
+    counts only up to `verified` (the newest version that verified) + MAX_VERSION_STEP; with no
+    verified version, up to the milliseconds since VERSION_EPOCH_MS (at least MAX_VERSION_STEP, in
+    case this host's clock is far behind). Never above MAX_PLAN_VERSION. Versions that verified are
+    not capped: readers may already route by them, and the planner must write above them.
+    """
+    if verified is not None and verified > 0:
+        return min(MAX_PLAN_VERSION, verified + MAX_VERSION_STEP)
+    return min(MAX_PLAN_VERSION, max(MAX_VERSION_STEP, now_ms - VERSION_EPOCH_MS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +428,9 @@ def plan_from_records(
     count, destination count) and PlannerError when the plan they describe breaks an invariant.
     """
     v = header.version
+    problem = header_problem(header)
+    if problem is not None:
+        raise ProtocolError(problem)
     if len(chunks) != header.chunk_count:
         raise ProtocolError(
             f"version {v}: {len(chunks)} chunks, the header says {header.chunk_count}"

@@ -11,6 +11,13 @@ crash Faust restores the table from its changelog and re-delivers the unacked me
 `PartitionState` skips what a bucket already holds (see state.py), so no count is lost or doubled.
 Rates are at-least-once: a crash between producing a window's rates and deleting its state can emit
 that window again with the same values; consumers keep the latest record per (key, window).
+
+Clocks: each record is judged against the clock this module trusts for it (`trusted_clock`): the
+broker's append time when the topic uses LogAppendTime, otherwise the earlier of the record's
+CreateTime (the producing client's clock) and this worker's clock. Future-dated records and events
+go to the dead-letter topic (header `cacheroute.clock: ahead`); late events go there too, one record
+per message (`cacheroute.clock: late`), so a gateway whose clock is behind loses nothing silently:
+both carry `cacheroute.gateway`, which `cacheroute doctor` reads to name skewed gateways.
 """
 
 from __future__ import annotations
@@ -38,11 +45,44 @@ from cacheroute.schemas.errors import format_location
 from cacheroute.settings import Settings
 from cacheroute.streams.config import StreamConfig
 from cacheroute.streams.metrics import StreamMetrics
-from cacheroute.streams.state import BatchError, PartitionState, table_prefix
+from cacheroute.streams.state import (
+    ApplyResult,
+    BatchError,
+    ClockError,
+    PartitionState,
+    table_prefix,
+)
 
-__all__ = ["StreamsOptions", "StreamsRuntime", "create_app"]
+__all__ = ["StreamsOptions", "StreamsRuntime", "create_app", "trusted_clock"]
 
 log = logging.getLogger(__name__)
+
+LOG_APPEND_TIME = 1
+"""Kafka's timestamp type of a record stamped by the broker (0 is CreateTime, the producer's)."""
+
+_CLOCK_LOG_EVERY_S = 60.0
+"""At most one clock-skew log line per gateway and kind this often (the DLQ has every record)."""
+
+
+def trusted_clock(
+    timestamp_s: float | None, timestamp_type: int | None, now_ms: int
+) -> tuple[int, str]:
+    """The time (ms) a record's own clocks are judged against, and what it is called in reasons.
+
+    The broker's append time (LogAppendTime) is the one clock no gateway controls: use it alone.
+    A CreateTime is the producing client's clock — usually the very gateway host being judged —
+    so it is also bounded by this worker's clock: a gateway whose whole host runs ahead cannot
+    vouch for itself. (A worker clock behind by more than the margin would dead-letter punctual
+    records; `cacheroute doctor` would then name every gateway, which points at the worker.)
+    """
+    ts = round(timestamp_s * 1000) if timestamp_s is not None and timestamp_s > 0 else None
+    if ts is None:
+        return now_ms, "worker clock"
+    if timestamp_type == LOG_APPEND_TIME:
+        return ts, "broker timestamp"
+    if ts <= now_ms:
+        return ts, "Kafka timestamp"
+    return now_ms, "worker clock"
 
 
 @dataclass(frozen=True)
@@ -75,6 +115,8 @@ class StreamsRuntime:
     last_flush: dict[int, float] = field(default_factory=dict)
     stream: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    clock_notes: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    """(gateway, kind) -> (when last logged, events since): rate-limits clock-skew log lines."""
 
     @property
     def source_topic(self) -> str:
@@ -82,15 +124,21 @@ class StreamsRuntime:
         return self.settings.topics["requests"]
 
     # ------------------------------------------------------------------------------ state
-    def state_for(self, partition: int) -> PartitionState:
-        """This worker's state of a partition, rebuilt from the restored table on first use."""
+    def state_for(self, partition: int, now_ms: int | None = None) -> PartitionState:
+        """This worker's state of a partition, rebuilt from the restored table on first use.
+
+        `now_ms` (the latest trustworthy time at hand) bounds the restored watermark: one further
+        ahead is discarded with a warning (see `PartitionState.restore`).
+        """
         state = self.states.get(partition)
         if state is None:
             prefix = table_prefix(partition)
             entries = [(k, v) for k, v in self.table.data.items() if k.startswith(prefix)]
-            state = PartitionState.restore(partition, self.config, entries)
+            state = PartitionState.restore(partition, self.config, entries, now_ms=now_ms)
             self.states[partition] = state
             self.last_flush[partition] = time.monotonic()
+            if state.restore_warning:
+                log.warning("%s", state.restore_warning)
             if entries:
                 log.info(
                     "partition %d: restored %d windows from the changelog (watermark %d, "
@@ -113,9 +161,22 @@ class StreamsRuntime:
 
     # ---------------------------------------------------------------------------- handling
     def dead_letter(
-        self, value: bytes | None, key: bytes | None, reason: str, where: str, index: int = -1
+        self,
+        value: bytes | None,
+        key: bytes | None,
+        reason: str,
+        where: str,
+        index: int = -1,
+        *,
+        gateway: str | None = None,
+        clock: tuple[str, int, int] | None = None,
     ) -> None:
-        """Send a malformed batch or event to the dead-letter topic with the reason."""
+        """Send a malformed batch or event to the dead-letter topic with the reason.
+
+        `gateway` names the sender of a decodable record; `clock` = (kind, events, skew_ms) marks
+        a clock problem — "ahead" (future-dated; skew = how far ahead of the trusted clock) or
+        "late" (skew = how far the oldest event is behind the watermark) — for `cacheroute doctor`.
+        """
         headers: list[tuple[str, str | bytes | None]] = [
             ("cacheroute.reason", reason.encode()),
             ("cacheroute.source", where.encode()),
@@ -123,6 +184,13 @@ class StreamsRuntime:
         ]
         if index >= 0:
             headers.append(("cacheroute.index", str(index).encode()))
+        if gateway is not None:
+            headers.append(("cacheroute.gateway", gateway.encode()))
+        if clock is not None:
+            kind, events, skew_ms = clock
+            headers.append(("cacheroute.clock", kind.encode()))
+            headers.append(("cacheroute.events", str(events).encode()))
+            headers.append(("cacheroute.skew_ms", str(skew_ms).encode()))
         self.producer.produce(
             self.settings.topics["dead_letter"], value=value, key=key, headers=headers
         )
@@ -133,36 +201,148 @@ class StreamsRuntime:
         msg = event.message
         partition, offset = msg.partition, msg.offset
         where = format_location(msg.topic, partition, offset)
-        state = self.state_for(partition)
+        now_ms = time.time_ns() // 1_000_000
+        clock_ms, clock_name = trusted_clock(
+            msg.timestamp, getattr(msg, "timestamp_type", None), now_ms
+        )
+        state = self.state_for(partition, max(now_ms, clock_ms))
         self.pending.setdefault(partition, []).append(event)
         self.metrics.batches.inc()
         raw = event.value
         try:
             record = decode_any(raw, topic=msg.topic, partition=partition, offset=offset)
             if isinstance(record, RequestBatch):
-                result = state.apply_batch(record, offset)
+                result = state.apply_batch(record, offset, clock_ms=clock_ms, clock_name=clock_name)
             elif isinstance(record, RequestSummary):
-                result = state.apply_summary(record, offset)
+                result = state.apply_summary(
+                    record, offset, clock_ms=clock_ms, clock_name=clock_name
+                )
             else:
                 raise SchemaError(f"a {type(record).__name__} does not belong on {msg.topic}")
+        except ClockError as exc:
+            self.dead_letter(
+                raw,
+                msg.key,
+                str(exc),
+                where,
+                gateway=exc.gateway_id,
+                clock=("ahead", 0, exc.ahead_ms),
+            )
+            self.metrics.batches_dead_lettered.inc()
+            self.metrics.gateway_batches_future.labels(self.metrics.gateway(exc.gateway_id)).inc()
+            self._note_clock(exc.gateway_id, "ahead", 0, f"{where}: {exc}")
+            return
         except (SchemaError, BatchError) as exc:
             log.warning("dead-lettering %s: %s", where, exc)
             self.dead_letter(raw, msg.key, str(exc), where)
             self.metrics.batches_dead_lettered.inc()
             return
+        self._report(record, result, msg.key, where, clock_name)
+
+    def _report(
+        self,
+        record: RequestBatch | RequestSummary,
+        result: ApplyResult,
+        key: bytes | None,
+        where: str,
+        clock_name: str,
+    ) -> None:
+        """Dead-letter a message's bad and late events; count everything, per gateway too."""
+        gateway = record.gateway_id
         for bad in result.bad:
             if isinstance(record, RequestBatch):
                 ev = (
                     record.events()[bad.index] if len(record) < 64 else _event_at(record, bad.index)
                 )
                 body = codec_for(type(ev)).to_json(ev)
+                events = 1
             else:
                 body = repr(record.keys[bad.index]).encode()
-            self.dead_letter(body, msg.key, bad.reason, where, bad.index)
+                events = record.counts[bad.index]
+            clock = ("ahead", events, bad.ahead_ms) if bad.ahead_ms > 0 else None
+            self.dead_letter(body, key, bad.reason, where, bad.index, gateway=gateway, clock=clock)
+        if result.late_index:
+            self._dead_letter_late(record, result, key, where)
         self.metrics.events_accepted.inc(result.accepted)
         self.metrics.events_late.inc(result.late)
         self.metrics.events_replayed.inc(result.replayed)
         self.metrics.events_dead_lettered.inc(len(result.bad))
+        if result.future or result.header_ahead_ms:
+            label = self.metrics.gateway(gateway)
+            if result.future:
+                self.metrics.gateway_events_future.labels(label).inc(result.future)
+            if result.header_ahead_ms:
+                self.metrics.gateway_batches_future.labels(label).inc()
+            ahead = max([result.header_ahead_ms] + [b.ahead_ms for b in result.bad])
+            self._note_clock(
+                gateway,
+                "ahead",
+                result.future,
+                f"{where}: dated up to {ahead / 1000:.1f} s ahead of the {clock_name}",
+            )
+
+    def _dead_letter_late(
+        self,
+        record: RequestBatch | RequestSummary,
+        result: ApplyResult,
+        key: bytes | None,
+        where: str,
+    ) -> None:
+        """One DLQ record of the message's late events (a record of the same type, only them).
+
+        Late events used to vanish into a counter; kept on the DLQ with their gateway, a gateway
+        whose clock is behind is named by `cacheroute doctor` and its events can be inspected or
+        replayed once the clock is fixed.
+        """
+        gateway = record.gateway_id
+        if isinstance(record, RequestBatch):
+            body = codec_for(RequestBatch).encode(
+                _subset_batch(record, result.late_index), validate=False
+            )
+        else:
+            body = codec_for(RequestSummary).encode(
+                _subset_summary(record, result.late_index), validate=False
+            )
+        grace = self.config.grace_ms
+        reason = (
+            f"{result.late} late event(s) of gateway {gateway}: their window closed (grace "
+            f"{grace} ms); the oldest is {result.late_behind_ms / 1000:.1f} s behind the "
+            "partition's watermark. Gateway clock behind, or delivery slower than grace?"
+        )
+        self.dead_letter(
+            body,
+            key,
+            reason,
+            where,
+            gateway=gateway,
+            clock=("late", result.late, result.late_behind_ms),
+        )
+        self.metrics.late_dead_letters.inc()
+        self.metrics.gateway_events_late.labels(self.metrics.gateway(gateway)).inc(result.late)
+        self._note_clock(
+            gateway,
+            "late",
+            result.late,
+            f"{where}: up to {result.late_behind_ms / 1000:.1f} s behind the watermark",
+        )
+
+    def _note_clock(self, gateway: str, kind: str, events: int, detail: str) -> None:
+        """Log a clock problem of a gateway: at once, then at most once a minute with a count."""
+        now = time.monotonic()
+        last, since = self.clock_notes.get((gateway, kind), (-_CLOCK_LOG_EVERY_S, 0))
+        since += events
+        if now - last < _CLOCK_LOG_EVERY_S:
+            self.clock_notes[(gateway, kind)] = (last, since)
+            return
+        self.clock_notes[(gateway, kind)] = (now, 0)
+        what = "future-dated" if kind == "ahead" else "late"
+        log.warning(
+            "gateway %s: %s (%d %s event(s) dead-lettered since the previous note); check its clock",
+            gateway,
+            detail,
+            since,
+            what,
+        )
 
     def due(self, partition: int, now: float) -> bool:
         """Whether a partition should flush now."""
@@ -238,21 +418,45 @@ class StreamsRuntime:
 
 def _event_at(batch: RequestBatch, index: int) -> Any:
     """One event of a big batch without expanding all of it."""
-    small = RequestBatch(
+    return _subset_batch(batch, [index]).events()[0]
+
+
+def _subset_batch(batch: RequestBatch, indices: list[int]) -> RequestBatch:
+    """The events at `indices` as a batch with the same header."""
+
+    def pick(col: list[Any] | None) -> list[Any] | None:
+        return None if col is None else [col[i] for i in indices]
+
+    return RequestBatch(
         gateway_id=batch.gateway_id,
         seq=batch.seq,
         created_ms=batch.created_ms,
-        keys=[batch.keys[index]],
-        event_time_ms=[batch.event_time_ms[index]],
-        prompt_tokens=[batch.prompt_tokens[index]],
-        prefix_tokens=None if batch.prefix_tokens is None else [batch.prefix_tokens[index]],
-        cached_tokens=None if batch.cached_tokens is None else [batch.cached_tokens[index]],
-        destinations=None if batch.destinations is None else [batch.destinations[index]],
-        prefix_block_hashes=None
-        if batch.prefix_block_hashes is None
-        else [batch.prefix_block_hashes[index]],
+        keys=[batch.keys[i] for i in indices],
+        event_time_ms=[batch.event_time_ms[i] for i in indices],
+        prompt_tokens=[batch.prompt_tokens[i] for i in indices],
+        prefix_tokens=pick(batch.prefix_tokens),
+        cached_tokens=pick(batch.cached_tokens),
+        destinations=pick(batch.destinations),
+        prefix_block_hashes=pick(batch.prefix_block_hashes),
     )
-    return small.events()[0]
+
+
+def _subset_summary(summary: RequestSummary, indices: list[int]) -> RequestSummary:
+    """The entries at `indices` as a summary with the same header."""
+    return RequestSummary(
+        gateway_id=summary.gateway_id,
+        seq=summary.seq,
+        created_ms=summary.created_ms,
+        tick_start_ms=summary.tick_start_ms,
+        tick_end_ms=summary.tick_end_ms,
+        keys=[summary.keys[i] for i in indices],
+        counts=[summary.counts[i] for i in indices],
+        first_ms=[summary.first_ms[i] for i in indices],
+        last_ms=[summary.last_ms[i] for i in indices],
+        prompt_tokens_sum=[summary.prompt_tokens_sum[i] for i in indices],
+        prefix_tokens_sum=[summary.prefix_tokens_sum[i] for i in indices],
+        cached_tokens_sum=[summary.cached_tokens_sum[i] for i in indices],
+    )
 
 
 def create_app(
@@ -269,6 +473,8 @@ def create_app(
     app = faust.App(
         options.app_id,
         broker=f"kafka://{settings.bootstrap}",
+        # the same SASL/TLS as every confluent-kafka client (cacheroute.kafkasecurity)
+        broker_credentials=settings.kafka_security.faust_credentials(),
         store="memory://",
         web_enabled=False,  # metrics are served by prometheus_client on 127.0.0.1 instead
         datadir=str(datadir),

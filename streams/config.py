@@ -13,9 +13,10 @@ class StreamConfig:
 
     Windows are tumbling, `window_ms` long (the planner's control interval), aligned to the epoch:
     window `w` covers event times `[w, w + window_ms)`. A window closes — its `KeyRate` records are
-    emitted and its state dropped — once the partition's watermark (newest gateway time seen) reaches
-    `w + window_ms + grace_ms`; events for a window that has reached that point are late: counted
-    and dropped. `grace_ms` must cover gateway clock skew, emitter linger and transport delay.
+    emitted and its state dropped — once the partition's watermark (newest trusted gateway time:
+    see `max_clock_ahead_ms`) reaches `w + window_ms + grace_ms`; events for a window that has
+    reached that point are late: counted, not aggregated (the agent dead-letters them). `grace_ms`
+    must cover gateway clock skew, emitter linger and transport delay.
     """
 
     window_ms: int = 60_000
@@ -29,6 +30,13 @@ class StreamConfig:
     """An event newer than its batch's seal time plus this is malformed (clock or encoding bug)."""
     max_past_ms: int = 86_400_000
     """An event older than its batch's seal time minus this is malformed, not merely late."""
+    max_clock_ahead_ms: int = 5_000
+    """How far a record's `created_ms`, or any of its event times, may be ahead of the clock the
+    agent trusts for it (its Kafka record timestamp; see streams/app.py) before it is
+    future-dated: dead-lettered, and never allowed to move the watermark. One gateway clock ahead
+    would otherwise push the partition's watermark ahead and make every other gateway's events
+    late. It must cover the skew between gateway and broker clocks; keep it at most `grace_ms`,
+    or a gateway that is ahead by less than the margin can still make punctual events late."""
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0 or self.grace_ms < 0 or self.reorder_ms < 0 or self.buckets <= 0:
@@ -37,3 +45,5 @@ class StreamConfig:
             )
         if self.reorder_ms > self.grace_ms:
             raise ValueError("reorder_ms must not exceed grace_ms")
+        if self.max_clock_ahead_ms < 0:
+            raise ValueError("max_clock_ahead_ms must be non-negative")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["StreamMetrics"]
+__all__ = ["OTHER_GATEWAYS", "StreamMetrics"]
+
+OTHER_GATEWAYS = "other"
+"""The `gateway` label of every gateway beyond the first `max_gateway_labels` ones."""
 
 
 @dataclass
@@ -25,13 +28,36 @@ class StreamMetrics:
     flush_seconds: Histogram
     watermark_ms: Gauge
     open_windows: Gauge
+    late_dead_letters: Counter
+    gateway_events_late: Counter
+    gateway_events_future: Counter
+    gateway_batches_future: Counter
+    max_gateway_labels: int = 32
+    _gateways: set[str] = field(default_factory=set)
+
+    def gateway(self, gateway_id: str) -> str:
+        """The `gateway` label of a gateway: its id, or "other" once `max_gateway_labels` are taken.
+
+        Only gateways with clock trouble (late or future-dated records) get a label, first come
+        first served, so a fleet of thousands of healthy gateways, or a flood of made-up ids, cannot
+        grow the series count without bound; the skewed ones usually show up first anyway.
+        """
+        if gateway_id in self._gateways:
+            return gateway_id
+        if len(self._gateways) < self.max_gateway_labels and gateway_id != OTHER_GATEWAYS:
+            self._gateways.add(gateway_id)
+            return gateway_id
+        return OTHER_GATEWAYS
 
     @classmethod
-    def create(cls, registry: CollectorRegistry | None = None) -> StreamMetrics:
+    def create(
+        cls, registry: CollectorRegistry | None = None, *, max_gateway_labels: int = 32
+    ) -> StreamMetrics:
         """Metrics registered in `registry` (a new private one by default)."""
         reg = registry or CollectorRegistry()
         p = "cacheroute_streams_"
         return cls(
+            max_gateway_labels=max_gateway_labels,
             registry=reg,
             batches=Counter(p + "batches", "Kafka messages (batches/summaries) read", registry=reg),
             events_accepted=Counter(
@@ -65,5 +91,29 @@ class StreamMetrics:
             ),
             open_windows=Gauge(
                 p + "open_windows", "Windows holding state", ["partition"], registry=reg
+            ),
+            late_dead_letters=Counter(
+                p + "late_dead_letters",
+                "DLQ records holding late events (one per message that had any)",
+                registry=reg,
+            ),
+            gateway_events_late=Counter(
+                p + "gateway_events_late",
+                "Late events by source gateway (a clock behind, or delivery slower than grace)",
+                ["gateway"],
+                registry=reg,
+            ),
+            gateway_events_future=Counter(
+                p + "gateway_events_future",
+                "Events dead-lettered as dated ahead of the record's Kafka timestamp, by gateway",
+                ["gateway"],
+                registry=reg,
+            ),
+            gateway_batches_future=Counter(
+                p + "gateway_batches_future",
+                "Batches/summaries whose created_ms was ahead of their Kafka timestamp (ignored; "
+                "empty ones dead-lettered), by gateway",
+                ["gateway"],
+                registry=reg,
             ),
         )

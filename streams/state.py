@@ -11,6 +11,17 @@ per-message producer path sustains); a bucket entry makes messages scale with bu
 with distinct keys. The offset stored in each entry makes recovery exact: after a crash Faust
 restores the entries and re-delivers messages after the last committed offset, and a message is
 applied to a bucket only if its offset is newer than the bucket's — nothing is counted twice or lost.
+
+Clocks, and why each is bounded: the watermark (newest gateway time seen) decides which windows
+close and which events are late, so a single record dated ahead would make every later punctual
+event late. Each record is therefore judged against a clock the caller trusts for it (`clock_ms`:
+its Kafka timestamp, see streams/app.py): a `created_ms` or an event time more than
+`max_clock_ahead_ms` ahead of it is *future-dated* — the event is dead-lettered (`BadEvent` with
+`ahead_ms`), the header is ignored, and neither moves the watermark. A watermark restored from the
+changelog is checked the same way (`restore(now_ms=...)`), so a partition poisoned before this
+check existed heals on restart. Clocks *behind* are harmless to others: their events are late,
+counted, and reported with their indices (`ApplyResult.late_index`) so the caller can name the
+gateway and keep the events.
 """
 
 from __future__ import annotations
@@ -31,11 +42,32 @@ from cacheroute.streams.keyagg import KeyAgg
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
-__all__ = ["ApplyResult", "BadEvent", "BatchError", "FlushResult", "PartitionState", "table_prefix"]
+__all__ = [
+    "ApplyResult",
+    "BadEvent",
+    "BatchError",
+    "ClockError",
+    "FlushResult",
+    "PartitionState",
+    "table_prefix",
+]
 
 
 class BatchError(ValueError):
     """The whole batch is malformed (e.g. columns of different lengths): dead-letter all of it."""
+
+
+class ClockError(BatchError):
+    """A record with nothing to count whose `created_ms` is future-dated: dead-letter all of it.
+
+    Only empty records (heartbeats) get here: their one datum is the clock, and it is wrong. A
+    record with events is re-anchored instead (see `PartitionState.apply_batch`).
+    """
+
+    def __init__(self, reason: str, gateway_id: str, ahead_ms: int) -> None:
+        super().__init__(reason)
+        self.gateway_id = gateway_id
+        self.ahead_ms = ahead_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +76,8 @@ class BadEvent:
 
     index: int
     reason: str
+    ahead_ms: int = 0
+    """> 0: dead-lettered because its time is this far ahead of the record's trusted clock."""
 
 
 @dataclass(slots=True)
@@ -54,6 +88,29 @@ class ApplyResult:
     late: int = 0
     replayed: int = 0
     bad: list[BadEvent] = field(default_factory=list)
+    future: int = 0
+    """Events (for a summary: requests) dead-lettered as future-dated; their `bad` entries have
+    `ahead_ms` > 0."""
+    header_ahead_ms: int = 0
+    """> 0: the record's `created_ms` was this far ahead of its trusted clock and was ignored."""
+    late_index: list[int] = field(default_factory=list)
+    """Indices of the late events (for a summary: entries), so the caller can dead-letter them."""
+    late_behind_ms: int = 0
+    """How far the oldest late event is behind the watermark."""
+
+
+def _span(ms: int) -> str:
+    """A duration for a reason text: 2.5 s, 600.0 s, 2.34e+09 s."""
+    s = ms / 1000
+    return f"{s:.3g} s" if abs(s) >= 1e5 else f"{s:.1f} s"
+
+
+def ahead_reason(what: str, value_ms: int, clock_ms: int, clock_name: str) -> str:
+    """The dead-letter reason of a time ahead of the trusted clock (shared by batches, summaries)."""
+    return (
+        f"{what} {value_ms} is {_span(value_ms - clock_ms)} ahead of the {clock_name} "
+        f"{clock_ms}; gateway clock skew?"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +155,14 @@ class PartitionState:
         self.late_total = 0
         self.bad_total = 0
         self.replayed_total = 0
+        self.future_total = 0
+        self.restored_offset = -1
+        """Newest source offset the restored state already includes: a re-delivered message at or
+        below it was applied before the restart, so none of its events may count again."""
+        self.restore_warning: str | None = None
+        """Set by `restore` when it discarded a future-dated watermark (the caller logs it)."""
+        self._deletes: list[bytes] = []
+        """Table keys to delete at the next flush (windows dropped by `restore`)."""
         self._bucket_of: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------ applying
@@ -119,6 +184,8 @@ class PartitionState:
             applied = self.applied.get((window, self._bucket(key)), -1)
             if applied >= offset:
                 return None
+            if offset <= self.restored_offset and window not in self.windows:
+                return None  # applied before the restart to a window that has closed since
         aggs = self.windows.get(window)
         if aggs is None:
             aggs = self._open(window)
@@ -135,8 +202,26 @@ class PartitionState:
         self.dirty[window] = set()
         return aggs
 
-    def apply_batch(self, batch: RequestBatch, offset: int) -> ApplyResult:
-        """Add a batch's events; report malformed, late and already-applied ones."""
+    def apply_batch(
+        self,
+        batch: RequestBatch,
+        offset: int,
+        *,
+        clock_ms: int | None = None,
+        clock_name: str = "broker timestamp",
+    ) -> ApplyResult:
+        """Add a batch's events; report malformed, future-dated, late and already-applied ones.
+
+        `clock_ms` is the time the caller trusts for this record (its Kafka timestamp; None: no
+        bound, as for a record without one). A `created_ms` more than `max_clock_ahead_ms` ahead of
+        it is not trusted: an empty batch raises `ClockError` (dead-letter it: its one datum is
+        wrong); a batch with events is *re-anchored* — its events are judged against `clock_ms`
+        one by one instead of against the header, the future-dated ones are dead-lettered alone,
+        the others count, and the header never moves the watermark. Re-anchoring rather than
+        dead-lettering the whole batch loses the least good data: the emitter seals
+        `created_ms = max(now, newest event time)`, so one event with a bad caller-supplied time
+        drags the header ahead with it, and its punctual neighbours must still count.
+        """
         keys = batch.keys
         n = len(keys)
         columns = {
@@ -151,17 +236,45 @@ class PartitionState:
             if col is not None and len(col) != n:
                 raise BatchError(f"column {name} has {len(col)} values, keys has {n}")
         result = ApplyResult()
+        created = batch.created_ms
+        reference = created
+        if clock_ms is not None and created > clock_ms + self.config.max_clock_ahead_ms:
+            reason = ahead_reason("created_ms", created, clock_ms, clock_name)
+            if not n:
+                raise ClockError(reason + " (an empty batch)", batch.gateway_id, created - clock_ms)
+            result.header_ahead_ms = created - clock_ms
+            reference = clock_ms
         if n:
-            self._apply_events(batch, offset, result)
-        self.watermark = max(self.watermark, batch.created_ms)
+            self._apply_events(
+                batch, offset, result, reference=reference, clock_ms=clock_ms, clock_name=clock_name
+            )
+        if not result.header_ahead_ms:
+            self.watermark = max(self.watermark, created)
         self.last_offset = max(self.last_offset, offset)
-        self.bad_total += len(result.bad)
+        self._count(result)
         return result
 
+    def _count(self, result: ApplyResult) -> None:
+        self.accepted_total += result.accepted
+        self.late_total += result.late
+        self.replayed_total += result.replayed
+        self.bad_total += len(result.bad)
+        self.future_total += result.future
+
     def _screen(
-        self, batch: RequestBatch, result: ApplyResult
+        self,
+        batch: RequestBatch,
+        result: ApplyResult,
+        *,
+        reference: int,
+        clock_ms: int | None,
+        clock_name: str,
     ) -> tuple[IntArray, IntArray, IntArray, BoolArray]:
-        """Columns as arrays plus the mask of malformed events (named in `result.bad`)."""
+        """Columns as arrays plus the mask of malformed events (named in `result.bad`).
+
+        `reference` is the batch's seal time, or the trusted clock when the seal time is not
+        trusted. Future-dated comes first, so a skewed clock is what the reason names.
+        """
         cfg = self.config
         keys = batch.keys
         n = len(keys)
@@ -170,14 +283,18 @@ class PartitionState:
         minus = np.full(n, -1, dtype=np.int64)
         prefix = minus if batch.prefix_tokens is None else np.asarray(batch.prefix_tokens, np.int64)
         cached = minus if batch.cached_tokens is None else np.asarray(batch.cached_tokens, np.int64)
+        if clock_ms is None:
+            ahead = np.zeros(n, dtype=bool)
+        else:
+            ahead = times > clock_ms + cfg.max_clock_ahead_ms
         reasons: list[tuple[BoolArray, str]] = [
             (prompts < 0, "negative prompt_tokens"),
             (prefix < -1, "prefix_tokens below -1"),
             (cached < -1, "cached_tokens below -1"),
-            (times > batch.created_ms + cfg.max_future_ms, "event time in the future of its batch"),
-            (times < batch.created_ms - cfg.max_past_ms, "event time too far in the past"),
+            (times > reference + cfg.max_future_ms, "event time in the future of its batch"),
+            (times < reference - cfg.max_past_ms, "event time too far in the past"),
         ]
-        bad_mask = np.zeros(n, dtype=bool)
+        bad_mask = ahead.copy()
         for mask, _ in reasons:
             bad_mask |= mask
         limit = cfg.max_key_bytes
@@ -186,6 +303,12 @@ class PartitionState:
                 bad_mask[i] = True
         for i in np.flatnonzero(bad_mask).tolist():
             k = keys[i]
+            if ahead[i] and clock_ms is not None:
+                t = int(times[i])
+                reason = ahead_reason("event time", t, clock_ms, clock_name)
+                result.bad.append(BadEvent(i, reason, ahead_ms=t - clock_ms))
+                result.future += 1
+                continue
             if not k:
                 why = "empty key"
             elif len(k.encode()) > limit:
@@ -195,13 +318,29 @@ class PartitionState:
             result.bad.append(BadEvent(i, why))
         return times, prefix, cached, bad_mask
 
-    def _apply_events(self, batch: RequestBatch, offset: int, result: ApplyResult) -> None:
-        times, prefix, cached, bad_mask = self._screen(batch, result)
+    def _apply_events(
+        self,
+        batch: RequestBatch,
+        offset: int,
+        result: ApplyResult,
+        *,
+        reference: int,
+        clock_ms: int | None,
+        clock_name: str,
+    ) -> None:
+        times, prefix, cached, bad_mask = self._screen(
+            batch, result, reference=reference, clock_ms=clock_ms, clock_name=clock_name
+        )
         size = self.config.window_ms
         starts = times - times % size
         late_mask = (starts + size + self.config.grace_ms <= self.watermark) & ~bad_mask
-        result.late = int(late_mask.sum())
-        self.late_total += result.late
+        n_late = int(late_mask.sum())
+        if n_late and offset <= self.restored_offset:
+            result.replayed += n_late  # counted (or found late) before the restart
+        elif n_late:
+            result.late = n_late
+            result.late_index = np.flatnonzero(late_mask).tolist()
+            result.late_behind_ms = self.watermark - int(times[late_mask].min())
         good = np.flatnonzero(~(bad_mask | late_mask)).tolist()
         if not good:
             return
@@ -220,8 +359,7 @@ class PartitionState:
         else:
             self._accumulate_one_window(good, first_start, columns)
             result.accepted = len(good)
-        self.accepted_total += result.accepted
-        self.replayed_total += result.replayed
+        # every good event is at most max_clock_ahead_ms ahead of the trusted clock (screened)
         self.watermark = max(self.watermark, int(times[good].max()))
 
     def _accumulate_checked(
@@ -285,8 +423,20 @@ class PartitionState:
             else:
                 insort(pending, ti)
 
-    def apply_summary(self, summary: RequestSummary, offset: int) -> ApplyResult:
-        """Add a pre-aggregated tick; the tick is assigned to the window of its first event."""
+    def apply_summary(
+        self,
+        summary: RequestSummary,
+        offset: int,
+        *,
+        clock_ms: int | None = None,
+        clock_name: str = "broker timestamp",
+    ) -> ApplyResult:
+        """Add a pre-aggregated tick; the tick is assigned to the window of its first event.
+
+        Clocks are bounded as in `apply_batch`: an empty summary dated ahead raises `ClockError`,
+        a non-empty one is re-anchored and each entry whose `last_ms` is ahead is dead-lettered
+        alone (its requests counted in `future`).
+        """
         n = len(summary.keys)
         cols = (
             summary.counts,
@@ -300,14 +450,33 @@ class PartitionState:
             raise BatchError(f"summary columns differ in length from its {n} keys")
         result = ApplyResult()
         size, grace = self.config.window_ms, self.config.grace_ms
+        created = summary.created_ms
+        if clock_ms is not None and created > clock_ms + self.config.max_clock_ahead_ms:
+            reason = ahead_reason("created_ms", created, clock_ms, clock_name)
+            if not n:
+                raise ClockError(
+                    reason + " (an empty summary)", summary.gateway_id, created - clock_ms
+                )
+            result.header_ahead_ms = created - clock_ms
+        replay = offset <= self.restored_offset
         for i, key in enumerate(summary.keys):
             count, first, last = summary.counts[i], summary.first_ms[i], summary.last_ms[i]
             if not key or count <= 0 or last < first or summary.prompt_tokens_sum[i] < 0:
                 result.bad.append(BadEvent(i, "malformed summary entry"))
                 continue
+            if clock_ms is not None and last > clock_ms + self.config.max_clock_ahead_ms:
+                reason = ahead_reason("last_ms", last, clock_ms, clock_name)
+                result.bad.append(BadEvent(i, reason, ahead_ms=last - clock_ms))
+                result.future += count
+                continue
             window = first - first % size
             if window + size + grace <= self.watermark:
-                result.late += count
+                if replay:
+                    result.replayed += count
+                else:
+                    result.late += count
+                    result.late_index.append(i)
+                    result.late_behind_ms = max(result.late_behind_ms, self.watermark - first)
                 continue
             agg = self._agg(window, key, offset)
             if agg is None:
@@ -322,11 +491,9 @@ class PartitionState:
                 cached=summary.cached_tokens_sum[i],
             )
             result.accepted += count
-        self.accepted_total += result.accepted
-        self.late_total += result.late
-        self.replayed_total += result.replayed
-        self.bad_total += len(result.bad)
-        self.watermark = max(self.watermark, summary.created_ms)
+        self._count(result)
+        if not result.header_ahead_ms:
+            self.watermark = max(self.watermark, created)
         self.last_offset = max(self.last_offset, offset)
         return result
 
@@ -339,7 +506,8 @@ class PartitionState:
         cfg = self.config
         fold_upto = self.watermark - cfg.reorder_ms
         rates: list[KeyRate] = []
-        writes: list[tuple[bytes, bytes | None]] = []
+        writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in self._deletes]
+        self._deletes.clear()
         closed: list[int] = []
         for window in sorted(self.windows):
             if window + cfg.window_ms + cfg.grace_ms > self.watermark:
@@ -429,9 +597,19 @@ class PartitionState:
     # ------------------------------------------------------------------------------- recovery
     @classmethod
     def restore(
-        cls, partition: int, config: StreamConfig, entries: Iterable[tuple[bytes, bytes]]
+        cls,
+        partition: int,
+        config: StreamConfig,
+        entries: Iterable[tuple[bytes, bytes]],
+        now_ms: int | None = None,
     ) -> PartitionState:
-        """Rebuild from the table entries of this partition (as Faust restored them)."""
+        """Rebuild from the table entries of this partition (as Faust restored them).
+
+        With `now_ms` (the restoring worker's trusted time), a restored watermark more than
+        `max_clock_ahead_ms` ahead of it is discarded (see `_discard_future`): it can only come
+        from a future-dated record applied before clocks were bounded, and keeping it would make
+        every event of the partition late for as long as the skew lasts — years for a 2100 date.
+        """
         state = cls(partition, config)
         prefix = table_prefix(partition)
         for raw_key, raw_value in entries:
@@ -456,4 +634,43 @@ class PartitionState:
             state.written.add((window, bucket))
             state.replay_until = max(state.replay_until, offset)
             state.last_offset = max(state.last_offset, offset)
+        # a re-delivered message up to the last flushed offset was applied before: never count it
+        # again, also not into a window that closed meanwhile (see `_agg`)
+        state.restored_offset = state.last_offset
+        state.replay_until = max(state.replay_until, state.last_offset)
+        if now_ms is not None and state.watermark > now_ms + config.max_clock_ahead_ms:
+            state._discard_future(now_ms)
         return state
+
+    def _discard_future(self, now_ms: int) -> None:
+        """Drop a future-dated restored watermark, and windows that start after `now_ms` + margin.
+
+        The watermark restarts from the newest event time the remaining windows hold (-1 when
+        none): the most that restored state proves. Windows dropped here could only hold
+        future-dated events; their table entries are deleted at the next flush. Re-delivered
+        messages still cannot count twice (`restored_offset`).
+        """
+        limit = now_ms + self.config.max_clock_ahead_ms
+        poisoned = self.watermark
+        dropped = sorted(w for w in self.windows if w > limit)
+        for window in dropped:
+            self.windows.pop(window)
+            self.members.pop(window, None)
+            self.dirty.pop(window, None)
+            self.frags.pop(window, None)
+            for wb in sorted(wb for wb in self.written if wb[0] == window):
+                self._deletes.append(self._key(*wb))
+                self.written.discard(wb)
+                self.applied.pop(wb, None)
+        newest = max(
+            (a.last_ms for aggs in self.windows.values() for a in aggs.values() if a.count),
+            default=-1,
+        )
+        self.watermark = min(newest, limit)
+        self.restore_warning = (
+            f"partition {self.partition}: the changelog's watermark {poisoned} is "
+            f"{_span(poisoned - now_ms)} ahead of now ({now_ms}): a future-dated record "
+            "poisoned it (gateway clock skew). Discarded it and restarted the watermark from the "
+            f"newest restored event time ({self.watermark})"
+            + (f"; dropped {len(dropped)} window(s) dated in the future" if dropped else "")
+        )

@@ -511,3 +511,42 @@ def _emit_result(title: str, result: dict[str, Any], *, as_json: bool) -> None:
     for k, v in result.items():
         table.add_row(k, str(v))
     Console().print(table)
+
+
+@bench.command("gateway")
+@click.option("--engines", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--duration",
+    default=4.0,
+    show_default=True,
+    type=click.FloatRange(min=0.5),
+    help="Seconds per phase.",
+)
+@click.option(
+    "--concurrency",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Closed-loop clients.",
+)
+@click.option("--stream-tokens", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True, help="Arrival-time seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def bench_gateway_cmd(
+    engines: int, duration: float, concurrency: int, stream_tokens: int, seed: int, as_json: bool
+) -> None:
+    """One gateway in front of zero-delay engines: req/s at saturation, and the latency it adds at
+    half that load against the same client going straight to an engine (plain and streamed)."""
+    from cacheroute.gatewaybench import GatewayBench, run_gateway_bench  # noqa: PLC0415
+
+    cfg = GatewayBench(
+        engines=engines,
+        duration_s=duration,
+        concurrency=concurrency,
+        stream_tokens=stream_tokens,
+        seed=seed,
+    )
+    console = Console(stderr=True)
+    with console.status("starting engines and a gateway ...") as status:
+        result = run_gateway_bench(cfg, say=status.update)
+    _emit_result("gateway benchmark", result, as_json=as_json)

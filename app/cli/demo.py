@@ -79,8 +79,9 @@ def demo(
         raise click.BadParameter("must be >= 1 s", param_hint="--interval")
     console = Console(stderr=True)
     started: LocalBroker | None = None
-    if no_broker or broker_answers(settings.bootstrap):
-        if not broker_answers(settings.bootstrap):
+    security = settings.kafka_security
+    if no_broker or broker_answers(settings.bootstrap, security=security):
+        if not broker_answers(settings.bootstrap, security=security):
             raise CacheRouteError(f"no broker answers at {settings.bootstrap}")
         console.print(f"using the broker at {settings.bootstrap}")
     else:

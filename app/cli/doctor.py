@@ -44,6 +44,13 @@ _MARK = {"ok": "[green]ok[/]  ", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/
     help="Also count dead letters of the last N minutes; more than --max-dlq-recent is a problem.",
 )
 @click.option("--max-dlq-recent", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--dlq-scan-max",
+    type=click.IntRange(min=0),
+    default=10_000,
+    show_default=True,
+    help="Newest dead letters read per partition to name gateways with skewed clocks.",
+)
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per broker request.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
@@ -54,10 +61,11 @@ def doctor(
     max_lag: int,
     dlq_window_min: float | None,
     max_dlq_recent: int,
+    dlq_scan_max: int,
     timeout: float,
     as_json: bool,
 ) -> None:
-    """Check broker, topics, plan freshness, streams lag and dead letters.
+    """Check broker, topics, plan freshness, streams lag, dead letters and gateway clocks.
 
     Exit code 0: all good; 1: problems (each with what to do); 2: the broker is unreachable.
     """
@@ -69,6 +77,7 @@ def doctor(
             max_lag=max_lag,
             dlq_window_min=dlq_window_min,
             max_dlq_recent=max_dlq_recent,
+            dlq_scan_max=dlq_scan_max,
             timeout_s=timeout,
         ),
     )

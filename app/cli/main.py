@@ -13,7 +13,9 @@ from cacheroute import __version__
 from cacheroute.cli.bench import bench
 from cacheroute.cli.demo import demo
 from cacheroute.cli.doctor import doctor
+from cacheroute.cli.engine import engine
 from cacheroute.cli.evaluate import evaluate_cmd
+from cacheroute.cli.gateway import gateway
 from cacheroute.cli.kafka import kafka
 from cacheroute.cli.plan import plan
 from cacheroute.cli.planner import planner
@@ -48,6 +50,13 @@ __all__ = ["cli", "main"]
     help="Cache of broker jars and local broker state [env CACHEROUTE_HOME; "
     "default ~/.cache/cacheroute].",
 )
+@click.option(
+    "--kafka-config",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Kafka connection security: a Kafka client properties file (security.protocol, "
+    "sasl.mechanism, sasl.jaas.config, ssl.ca.location, ...) or a .toml file; "
+    "CACHEROUTE_KAFKA_* variables override single values [env CACHEROUTE_KAFKA_CONFIG].",
+)
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option(
     "--log-format",
@@ -61,6 +70,7 @@ def cli(
     bootstrap: str | None,
     topic_prefix: str | None,
     home: Path | None,
+    kafka_config: Path | None,
     verbose: int,
     log_format: str | None,
 ) -> None:
@@ -70,7 +80,9 @@ def cli(
     """
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     setup_logging(level, log_format)
-    ctx.obj = Settings.from_env(bootstrap=bootstrap, topic_prefix=topic_prefix, home=home)
+    ctx.obj = Settings.from_env(
+        bootstrap=bootstrap, topic_prefix=topic_prefix, home=home, kafka_config=kafka_config
+    )
 
 
 cli.add_command(kafka)
@@ -84,6 +96,8 @@ cli.add_command(evaluate_cmd)
 cli.add_command(workload)
 cli.add_command(replay)
 cli.add_command(doctor)
+cli.add_command(gateway)
+cli.add_command(engine)
 
 
 def main() -> None:
@@ -98,7 +112,8 @@ def main() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except (CacheRouteError, SchemaError, PlannerError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        # soft_wrap: one line however narrow the terminal, so logs and `grep` see it whole
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -14,6 +14,7 @@ import click
 
 from cacheroute.cli.plan import read_destinations
 from cacheroute.errors import ConfigError
+from cacheroute.kafkaio import check_credentials
 from cacheroute.planservice.config import CONFIG_KEYS, load_service_config
 from cacheroute.settings import Settings
 
@@ -141,6 +142,7 @@ def run(
     service_log = logging.getLogger("cacheroute.planservice")
     if service_log.getEffectiveLevel() > logging.INFO:
         service_log.setLevel(logging.INFO)  # a service says what it does by default
+    check_credentials(settings, doing="starting the planner")  # a wrong password: one line, now
     service = PlannerService(settings, config)
     server = None
     if config.metrics_port is not None:

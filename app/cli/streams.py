@@ -29,6 +29,14 @@ def streams() -> None:
     "--buckets", default=64, show_default=True, help="Table entries per window/partition."
 )
 @click.option(
+    "--max-clock-ahead-ms",
+    type=click.IntRange(min=0),
+    default=5_000,
+    show_default=True,
+    help="A batch or event dated further ahead of its Kafka timestamp is dead-lettered as "
+    "future-dated and never moves the watermark (gateway clock skew).",
+)
+@click.option(
     "--app-id", default="cacheroute-streams", show_default=True, help="Faust app/group id."
 )
 @click.option("--flush-interval", default=1.0, show_default=True, help="Seconds between flushes.")
@@ -54,6 +62,7 @@ def run(
     grace_ms: int,
     reorder_ms: int,
     buckets: int,
+    max_clock_ahead_ms: int,
     app_id: str,
     flush_interval: float,
     commit_interval: float,
@@ -69,16 +78,22 @@ def run(
     import faust  # noqa: PLC0415 - heavy import, only for this command
     from prometheus_client import start_http_server  # noqa: PLC0415
 
+    from cacheroute.kafkaio import check_credentials  # noqa: PLC0415
     from cacheroute.logs import faust_logging_config  # noqa: PLC0415
     from cacheroute.streams.app import StreamsOptions, create_app  # noqa: PLC0415
     from cacheroute.streams.config import StreamConfig  # noqa: PLC0415
 
     config = StreamConfig(
-        window_ms=window_ms, grace_ms=grace_ms, reorder_ms=reorder_ms, buckets=buckets
+        window_ms=window_ms,
+        grace_ms=grace_ms,
+        reorder_ms=reorder_ms,
+        buckets=buckets,
+        max_clock_ahead_ms=max_clock_ahead_ms,
     )
     options = StreamsOptions(
         app_id=app_id, flush_interval_s=flush_interval, commit_interval_s=commit_interval
     )
+    check_credentials(settings, doing="starting the streams worker")  # refused login: one line
     app, runtime = create_app(settings, config, options)
     if metrics_port is not None:
         start_http_server(metrics_port, addr="127.0.0.1", registry=runtime.metrics.registry)

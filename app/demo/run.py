@@ -449,7 +449,7 @@ def _view(state: _State, options: DemoOptions, left: float) -> Group:
 def _delete_topics(settings: Settings, run_id: str, console: Console) -> None:
     """Delete the run's topics (its prefix, and Faust's internal `demo-<id>-streams-*` topics) and
     its consumer groups."""
-    admin = make_admin(settings.bootstrap)
+    admin = make_admin(settings)
     internal = f"demo-{run_id}-streams-"
     try:
         existing = set(admin.list_topics(timeout=10).topics)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["render_log4j2", "render_server_properties"]
 
 
 def render_server_properties(
-    *, host: str, port: int, controller_port: int, data_dir: Path, node_id: int = 1
+    *,
+    host: str,
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    node_id: int = 1,
+    overrides: Mapping[str, str] | None = None,
 ) -> str:
     """server.properties for one process that is both KRaft controller and broker.
 
@@ -16,6 +23,9 @@ def render_server_properties(
     delay is 0 so consumer groups join at once in tests, and the log cleaner wakes every second so
     compaction of the plans topic is observable within seconds. Topics are never auto-created: a
     mistyped topic name fails loudly instead of silently creating a one-partition topic.
+
+    `overrides` replace or add lines: the secure broker's listeners, SASL, TLS and authorizer
+    (`localkafka.secure.secure_server_properties`).
     """
     lines = {
         "process.roles": "broker,controller",
@@ -40,6 +50,7 @@ def render_server_properties(
         "log.cleaner.backoff.ms": "1000",
         "log.retention.check.interval.ms": "30000",
     }
+    lines.update(overrides or {})
     body = "\n".join(f"{k}={v}" for k, v in lines.items())
     return (
         f"# Written by `cacheroute kafka start`; edits are overwritten at the next start.\n{body}\n"

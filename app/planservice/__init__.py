@@ -5,7 +5,7 @@ wires them to Kafka:
 
   follower   PlanFollower: the reusable reader a gateway embeds
   reader     LivePlan, one-shot reads of the topic (scan_plans, read_plan_history)
-  publisher  PlanPublisher: one transaction per version, fencing, version recovery
+  publisher  PlanPublisher: one transaction per version, fencing, version recovery, repair
   leader     Leadership: which instance is active (group ownership of the plans partition)
   rates      RatesSource: every partition of `rates` from a look-back point
   service    PlannerService: the run loop of `cacheroute planner run`
@@ -19,7 +19,14 @@ The protocol is described in docs/PLAN_PROTOCOL.md.
 from cacheroute.planservice.config import PlannerServiceConfig, load_service_config
 from cacheroute.planservice.follower import FollowerConfig, FollowerStatus, PlanFollower
 from cacheroute.planservice.metrics import FollowerMetrics, PlannerMetrics
-from cacheroute.planservice.publisher import FencedError, PlanPublisher, PublishResult, Recovery
+from cacheroute.planservice.publisher import (
+    FencedError,
+    ForeignRecord,
+    PlanPublisher,
+    PublishResult,
+    Recovery,
+    RepairResult,
+)
 from cacheroute.planservice.reader import LivePlan, PlanHistory, read_plan_history, scan_plans
 from cacheroute.planservice.service import PlannerService
 
@@ -28,6 +35,7 @@ __all__ = [
     "FollowerConfig",
     "FollowerMetrics",
     "FollowerStatus",
+    "ForeignRecord",
     "LivePlan",
     "PlanFollower",
     "PlanHistory",
@@ -37,6 +45,7 @@ __all__ = [
     "PlannerServiceConfig",
     "PublishResult",
     "Recovery",
+    "RepairResult",
     "load_service_config",
     "read_plan_history",
     "scan_plans",

@@ -30,10 +30,10 @@ from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from cacheroute.errors import CacheRouteError
-from cacheroute.kafkaio import to_record
+from cacheroute.kafkaio import AUTHORIZATION_ERRORS, to_record
 from cacheroute.planner.assembly import Applied, Ignored, Outcome, PlanAssembler, Rejected
 from cacheroute.planservice.metrics import FollowerMetrics
 from cacheroute.planservice.reader import (
@@ -227,34 +227,69 @@ class PlanFollower:
 
     # ---------------------------------------------------------------------------- reading
     def poll(self, timeout: float) -> list[Outcome]:
-        """Read what is there (waiting at most `timeout`), apply what completes; the outcomes."""
+        """Read what is there (waiting at most `timeout`), apply what completes; the outcomes.
+
+        Each message is handled on its own: an exception while handling one is counted (ignored,
+        reason `error`) and logged, and the messages after it in the batch are still handled. The
+        consumer's position is already past the whole batch, so a record skipped by an exception
+        would never be read again (it could be the header of the next version). Only a fatal Kafka
+        error propagates, after the batch.
+        """
         messages = drain(self._consumer, 500, timeout)
         outcomes: list[Outcome] = []
+        fatal: KafkaException | None = None
         for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    outcomes.extend(self._reached_end())
-                else:
-                    self._kafka_error(err)
-                continue
-            record = to_record(msg)
-            started = time.perf_counter()
-            outcome = self._assembler.offer(record.key, record.value, record.where)
-            with self._lock:
-                self._records += 1
-            self._account(outcome, time.perf_counter() - started)
-            outcomes.append(outcome)
+            try:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        outcomes.extend(self._reached_end())
+                    else:
+                        self._kafka_error(err)
+                    continue
+                record = to_record(msg)
+                with self._lock:
+                    self._records += 1
+                started = time.perf_counter()
+                outcome = self._assembler.offer(record.key, record.value, record.where)
+                outcomes.append(outcome)
+                self._account(outcome, time.perf_counter() - started)
+            except KafkaException as exc:  # fatal: the consumer cannot go on
+                fatal = exc
+            except Exception:  # per message: never drop the rest of the batch
+                self._failed(msg)
+        if fatal is not None:
+            raise fatal
         return outcomes
+
+    def _failed(self, msg: Message) -> None:
+        with self._lock:
+            self._ignored["error"] += 1
+        self.metrics.ignored.labels("error").inc()
+        log.exception(
+            "plan follower: handling the record at %s[%s]@%s failed; it is skipped, the records "
+            "after it are not; version %s stays live",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            self.version,
+        )
 
     def _reached_end(self) -> list[Outcome]:
         if not self._assembler.deferring:
             return []
         started = time.perf_counter()
-        outcomes = self._assembler.finish_catch_up()
-        for outcome in outcomes:
-            self._account(outcome, time.perf_counter() - started)
-        self._caught_up.set()
+        try:
+            outcomes = self._assembler.finish_catch_up()
+            for outcome in outcomes:
+                try:
+                    self._account(outcome, time.perf_counter() - started)
+                except Exception:  # one outcome's bookkeeping must not lose the others
+                    log.exception(
+                        "plan follower: accounting for a %s outcome failed", type(outcome).__name__
+                    )
+        finally:  # whatever happened, waiting for the catch-up must not hang
+            self._caught_up.set()
         self.metrics.caught_up.set(1)
         live = self._live
         log.info(
@@ -316,7 +351,12 @@ class PlanFollower:
             with self._lock:
                 self._ignored[outcome.reason] += 1
             self.metrics.ignored.labels(outcome.reason).inc()
-            garbage = outcome.reason in ("unknown-key", "undecodable", "key-mismatch")
+            garbage = outcome.reason in (
+                "unknown-key",
+                "undecodable",
+                "key-mismatch",
+                "out-of-range",
+            )
             log.log(
                 logging.WARNING if garbage else logging.DEBUG,
                 "ignored record at %s (%s): %s",
@@ -343,6 +383,16 @@ class PlanFollower:
             log.warning(
                 "plans topic %s does not exist (yet); create it with `cacheroute topics ensure`",
                 self._topic,
+            )
+        elif err.code() in AUTHORIZATION_ERRORS:
+            live = self._live
+            log.warning(
+                "plan follower: Kafka refused reading %s (%s): this gateway's principal lacks "
+                "READ on the topic. Routing stays on plan v%s; grant the gateway role's ACLs "
+                "(`cacheroute topics acls`). Retrying",
+                self._topic,
+                err.str(),
+                None if live is None else live.version,
             )
         else:
             log.warning("plan follower: Kafka reports %s; retrying", err)

@@ -40,6 +40,9 @@ class PlannerMetrics:
     rates_records: Counter
     tracked_keys: Gauge
     windows_folded: Counter
+    plan_records_ignored: Counter
+    foreign_records: Counter
+    repairs: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> PlannerMetrics:
@@ -114,6 +117,25 @@ class PlannerMetrics:
             windows_folded=Counter(
                 p + "windows_folded", "Rate windows folded into the averages", registry=reg
             ),
+            plan_records_ignored=Counter(
+                p + "plan_records_ignored",
+                "Records on `plans` whose version recovery did not count, by reason "
+                "(out-of-range, implausible-version)",
+                ["reason"],
+                registry=reg,
+            ),
+            foreign_records=Counter(
+                p + "foreign_records",
+                "Records on `plans` under header or chunk keys that this planner did not write, by "
+                "key kind (header, chunk)",
+                ["kind"],
+                registry=reg,
+            ),
+            repairs=Counter(
+                p + "repairs",
+                "Times the live version was re-published over foreign records",
+                registry=reg,
+            ),
         )
 
 
@@ -151,7 +173,7 @@ class FollowerMetrics:
             applied=Counter(p + "versions_applied", "Plan versions applied", registry=reg),
             rejected=Counter(
                 p + "versions_rejected",
-                "Versions not applied (incomplete, checksum, invalid, stale)",
+                "Versions not applied (incomplete, checksum, invalid, stale, out-of-range)",
                 ["reason"],
                 registry=reg,
             ),

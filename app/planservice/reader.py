@@ -8,6 +8,7 @@ asked for (`plan show`, `plan diff`). `drain` is the polling primitive of all pl
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping
@@ -41,6 +42,8 @@ __all__ = [
     "scan_plans",
     "topic_exists",
 ]
+
+log = logging.getLogger(__name__)
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 
@@ -139,16 +142,19 @@ def scan_plans(
     *,
     isolation: Isolation = "read_committed",
     timeout: float = 60.0,
+    on_end: Callable[[int], None] | None = None,
 ) -> int:
     """Feed every record of the plans topic, from the start to its current end, to `on_record`.
 
     The end is where the consumer reports end-of-partition: the last stable offset under
-    read_committed (an open transaction is not waited for), the high watermark otherwise.
-    Returns the number of records read.
+    read_committed (an open transaction is not waited for), the high watermark otherwise;
+    `on_end(offset)` gets it (where a reader that goes on should continue). Returns the number of
+    records read. An exception from `on_record` is logged and the scan goes on with the next
+    record: one record nobody foresaw must not hide the ones after it (a later header, say).
     """
     topic = settings.topics["plans"]
     consumer = plans_consumer(settings, isolation, "cacheroute-plan-scan")
-    count = 0
+    count = failed = 0
     try:
         if not topic_exists(consumer, topic, timeout):
             raise CacheRouteError(
@@ -167,9 +173,22 @@ def scan_plans(
             for msg in messages:
                 err = msg.error()
                 if err is None:
-                    on_record(to_record(msg))
                     count += 1
+                    try:
+                        on_record(to_record(msg))
+                    except Exception:  # per record, logged with its traceback
+                        failed += 1
+                        log.exception(
+                            "handling the record at %s[%d]@%s failed; going on with the next",
+                            topic,
+                            msg.partition() or 0,
+                            msg.offset(),
+                        )
                 elif err.code() == KafkaError._PARTITION_EOF:
+                    if failed:
+                        log.error("%d record(s) of %s could not be handled", failed, topic)
+                    if on_end is not None:
+                        on_end(msg.offset() or 0)
                     return count
                 elif err.code() in MISSING_TOPIC:
                     raise CacheRouteError(

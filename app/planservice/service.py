@@ -7,7 +7,15 @@ One thread runs the loop; each step:
   2. rates: read a batch of KeyRate records (active and standby alike, so a standby has warm
      state), keep the latest per (key, window), fold complete windows into the EWMA;
   3. when active and a control interval has passed: build with the live plan as `prev`
-     (churn-aware), ask the publish advisor, publish or skip, and count and log why.
+     (churn-aware), ask the publish advisor, publish or skip, and count and log why;
+  4. when active: look at what landed on the plans topic (`PlanPublisher.watch`); a foreign record
+     under a key of the live version (a tombstone under `header`, say) is counted and logged, and
+     the live version is re-published over it (`repair`, at most once a second), because
+     compaction would otherwise erase the live plan for every gateway that starts afterwards.
+
+A live plan stamped in the future of this planner's clock (by a planner with a fast clock) is
+re-published with this clock's time at the next tick: gateways treat a plan from the future as
+stale, and it would otherwise never age into a refresh.
 
 The planner core is pure; this shell owns the clocks, Kafka and the metrics. A planner error keeps
 the live plan; a publish that fails leaves the previous version live (the transaction is aborted);
@@ -20,7 +28,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaException, Producer
 
@@ -31,17 +39,39 @@ from cacheroute.planner.smoothing import RateSmoother, RatesSnapshot, Rejection
 from cacheroute.planservice.config import PlannerServiceConfig
 from cacheroute.planservice.leader import Leadership
 from cacheroute.planservice.metrics import PlannerMetrics
-from cacheroute.planservice.publisher import FencedError, PlanPublisher
+from cacheroute.planservice.publisher import FencedError, ForeignRecord, PlanPublisher, Recovery
 from cacheroute.planservice.rates import RatesBatch, RatesSource
 from cacheroute.settings import Settings
 from cacheroute.topics import make_admin
 
-__all__ = ["PlannerService"]
+__all__ = ["PlannerService", "refresh_reason"]
 
 log = logging.getLogger(__name__)
 
 _RATES_BATCH = 5000
 _RETRY_S = 2.0
+_REPAIR_SPACING_S = 1.0
+"""At most one repair a second: a flood of foreign tombstones must not turn into a flood of
+transactions; compaction needs far longer than this (a closed segment, then the cleaner)."""
+FUTURE_TOLERANCE_S = 1.0
+"""A live plan created further than this ahead of the planner's clock is re-published at once."""
+
+
+def refresh_reason(created_ms: int, now_ms: int, max_age_s: float) -> str | None:
+    """Why the live plan must be re-published with the current time, or None.
+
+    `max_age_s` <= 0 turns the age rule off; a plan from the future is refreshed regardless,
+    because gateways treat it as stale and it would not reach the age limit until the clocks meet.
+    """
+    ahead_s = (created_ms - now_ms) / 1000.0
+    if ahead_s > FUTURE_TOLERANCE_S:
+        return (
+            f"was created {ahead_s:.0f} s in the future of this planner's clock; gateways treat "
+            "it as stale"
+        )
+    if max_age_s > 0 and now_ms - created_ms >= max_age_s * 1000:
+        return f"is older than {max_age_s:g}s"
+    return None
 
 
 class PlannerService:
@@ -75,6 +105,9 @@ class PlannerService:
         self._retry_at = 0.0
         self._last_lag_check = 0.0
         self._windows_planned = -1
+        self._repair_at = 0.0
+        self._last_foreign_log = float("-inf")
+        self._foreign_unlogged = 0
 
     # ------------------------------------------------------------------------- lifecycle
     @property
@@ -91,7 +124,7 @@ class PlannerService:
         """Connect: rates from the look-back point, then join the planner group."""
         plans = self.settings.topics["plans"]
         try:
-            present = plans in make_admin(self.settings.bootstrap).list_topics(timeout=30).topics
+            present = plans in make_admin(self.settings).list_topics(timeout=30).topics
         except KafkaException as exc:
             raise CacheRouteError(
                 f"no Kafka broker answers at {self.settings.bootstrap} ({exc})", retriable=True
@@ -164,6 +197,8 @@ class PlannerService:
         if self._active and self._mono() >= self._next_tick:
             self._next_tick = self._mono() + self.config.interval_s
             self._tick()
+        if self._active:
+            self._guard()
 
     def _activate(self) -> None:
         log.warning(
@@ -203,6 +238,41 @@ class PlannerService:
             recovery.next_version,
             recovery.records,
         )
+        self._recovery_findings(recovery)
+
+    def _recovery_findings(self, recovery: Recovery) -> None:
+        """Log loudly what recovery did not trust, and what it will repair."""
+        plans = self.settings.topics["plans"]
+        for reason, count in recovery.ignored.items():
+            self.metrics.plan_records_ignored.labels(reason).inc(count)
+        if recovery.ignored.get("implausible-version"):
+            log.error(
+                "%d header/chunk record(s) on %s carry a version above %d (the highest: %s), far "
+                "above the newest verified version %s: not written by a planner (forged or "
+                "corrupt). Their versions are ignored and publishing continues at %d; readers "
+                "never apply such a version without its complete, checksummed chunks",
+                recovery.ignored["implausible-version"],
+                plans,
+                recovery.ceiling,
+                recovery.highest_ignored,
+                "none" if recovery.live is None else recovery.live.version,
+                recovery.next_version,
+            )
+        if recovery.ignored.get("out-of-range"):
+            log.error(
+                "%d header/chunk record(s) on %s break the protocol's bounds (version, chunk or "
+                "key count): ignored",
+                recovery.ignored["out-of-range"],
+                plans,
+            )
+        if recovery.damaged:
+            log.warning(
+                "the newest record under %s on %s is not live version %s's (a foreign tombstone "
+                "or value; compaction would erase the live plan): re-publishing it",
+                _keys(recovery.damaged),
+                plans,
+                "none" if recovery.live is None else recovery.live.version,
+            )
 
     def _step_down(self, reason: str | None) -> None:
         if self._publisher is not None:
@@ -302,11 +372,15 @@ class PlannerService:
         snap = self._smoother.snapshot()
         now_ms = self._now_ms()
         live = self._live
-        max_age = self.config.plan_max_age_s
-        refresh = live is not None and max_age > 0 and now_ms - live.created_ms >= max_age * 1000
+        stale = (
+            None
+            if live is None
+            else refresh_reason(live.created_ms, now_ms, self.config.plan_max_age_s)
+        )
+        refresh = stale is not None
         if len(snap) == 0:
-            if refresh and live is not None:
-                self._refresh(live, now_ms, snap)
+            if stale is not None and live is not None:
+                self._refresh(live, now_ms, snap, stale)
             else:
                 self._skip("no-rates", "no complete rate window yet")
             return
@@ -345,39 +419,25 @@ class PlannerService:
         )
         if advice.publish:
             self._publish(candidate, "advisor", "; ".join(advice.reasons), snap)
-        elif refresh and live is not None:
-            self._refresh(live, now_ms, snap)
+        elif stale is not None and live is not None:
+            self._refresh(live, now_ms, snap, stale)
         else:
             self._skip("advisor", advice.reasons[0])
 
-    def _refresh(self, live: Plan, now_ms: int, snap: RatesSnapshot) -> None:
+    def _refresh(self, live: Plan, now_ms: int, snap: RatesSnapshot, why: str) -> None:
         assert self._publisher is not None
         again = dataclasses.replace(live, version=self._publisher.next_version, created_ms=now_ms)
-        self._publish(
-            again,
-            "refresh",
-            f"live plan v{live.version} is older than {self.config.plan_max_age_s:g}s; same routing",
-            snap,
-        )
+        self._publish(again, "refresh", f"live plan v{live.version} {why}; same routing", snap)
 
     def _publish(self, plan: Plan, kind: str, why: str, snap: RatesSnapshot) -> None:
         assert self._publisher is not None
         prev = self._live
         try:
             result = self._publisher.publish(plan, inputs_until_ms=snap.newest_end_ms)
-        except FencedError as exc:
-            self.metrics.fenced.inc()
-            log.error("%s; stepping down to standby", exc)
-            self._step_down("fenced by a newer instance")
-            assert self._leadership is not None
-            self._leadership.rejoin()
-            return
         except CacheRouteError as exc:
-            self._skip("publish-failed", str(exc))
-            log.error("%s", exc)
-            if not self._publisher.usable:
-                self._step_down("the publisher cannot continue; re-activating")
-                self._retry_at = self._mono() + _RETRY_S
+            if not isinstance(exc, FencedError):
+                self._skip("publish-failed", str(exc))
+            self._write_failed(exc)
             return
         self._live = plan
         self.metrics.publishes.labels(kind).inc()
@@ -404,6 +464,77 @@ class PlannerService:
             result.seconds,
         )
 
+    def _write_failed(self, exc: CacheRouteError) -> None:
+        """A publish or repair failed: step down when fenced or when the publisher is unusable."""
+        if isinstance(exc, FencedError):
+            self.metrics.fenced.inc()
+            log.error("%s; stepping down to standby", exc)
+            self._step_down("fenced by a newer instance")
+            assert self._leadership is not None
+            self._leadership.rejoin()
+            return
+        log.error("%s", exc)
+        if self._publisher is not None and not self._publisher.usable:
+            self._step_down("the publisher cannot continue; re-activating")
+            self._retry_at = self._mono() + _RETRY_S
+
+    # ------------------------------------------------------------------------- the topic
+    def _guard(self) -> None:
+        """Count and log foreign records on the plans topic; re-publish what they shadow."""
+        publisher = self._publisher
+        if publisher is None:
+            return
+        try:
+            foreign = publisher.watch()
+        except Exception:  # watching is a safeguard: it must never stop planning
+            log.exception("reading the plans topic back failed; retrying")
+            return
+        if foreign:
+            self._foreign(foreign)
+        if not publisher.damaged or self._mono() < self._repair_at:
+            return
+        self._repair_at = self._mono() + _REPAIR_SPACING_S
+        damaged = publisher.damaged
+        try:
+            result = publisher.repair()
+        except CacheRouteError as exc:
+            self._write_failed(exc)
+            return
+        if result is None:
+            return
+        self.metrics.repairs.inc()
+        log.warning(
+            "re-published plan v%d (%d chunk(s) and its header, byte for byte) over foreign "
+            "records under %s in %.2fs, so compaction keeps the live plan",
+            result.version,
+            result.chunks,
+            _keys(damaged),
+            result.seconds,
+        )
+
+    def _foreign(self, records: list[ForeignRecord]) -> None:
+        """Count every foreign record; log at most one line a second (a flood is one line)."""
+        for record in records:
+            self.metrics.foreign_records.labels(record.kind).inc()
+        self._foreign_unlogged += len(records)
+        mono = self._mono()
+        if mono - self._last_foreign_log < 1.0:
+            return
+        self._last_foreign_log = mono
+        last = records[-1]
+        log.warning(
+            "%d record(s) on %s that this planner did not write, the last a %s under %r at %s%s",
+            self._foreign_unlogged,
+            self.settings.topics["plans"],
+            "tombstone" if last.tombstone else "value",
+            last.key.decode(errors="replace"),
+            last.where,
+            "; the live version is re-published over those that shadow it"
+            if any(r.damaging for r in records)
+            else "",
+        )
+        self._foreign_unlogged = 0
+
     def _plan_gauges(self, plan: Plan) -> None:
         self.metrics.version.set(plan.version)
         self.metrics.admitted_keys.set(plan.n_admitted)
@@ -420,3 +551,8 @@ class PlannerService:
 
 def _v(plan: Plan | None) -> str:
     return "none" if plan is None else str(plan.version)
+
+
+def _keys(keys: Iterable[bytes]) -> str:
+    names = sorted(k.decode(errors="replace") for k in keys)
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

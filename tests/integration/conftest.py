@@ -26,7 +26,7 @@ def _in_ci() -> bool:
 def kafka_settings() -> Settings:
     """Settings of the test broker; skips (locally) or fails (CI) when none answers."""
     settings = Settings.from_env()
-    if not broker_answers(settings.bootstrap, timeout=5.0):
+    if not broker_answers(settings.bootstrap, timeout=5.0, security=settings.kafka_security):
         reason = (
             f"no Kafka broker answers at {settings.bootstrap}; start one with "
             "`cacheroute kafka start` (or `make test`, which does)"
@@ -43,7 +43,7 @@ def settings(kafka_settings: Settings) -> Iterator[Settings]:
     prefix = f"test-{uuid.uuid4().hex[:10]}."
     per_test = kafka_settings.with_overrides(topic_prefix=prefix)
     yield per_test
-    admin = make_admin(per_test.bootstrap)
+    admin = make_admin(per_test)
     ours = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
     if ours:
         for fut in admin.delete_topics(ours, operation_timeout=30).values():

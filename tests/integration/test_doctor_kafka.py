@@ -58,10 +58,12 @@ def test_doctor_healthy_then_reports_drift_backlog_and_dead_letters(settings: Se
         "topic:rates",
         "topic:plans",
         "topic:dead_letter",
+        "replication",
         "plan",
         "streams-lag",
         "dead-letter",
     }
+    assert by["replication"].status == "ok"  # one broker: one replica is all there is
     assert by["plan"].detail["version"] == 1
     assert by["plan"].detail["max_age_s"] == 15.0  # 3 x the plan's 5 s control interval
     code, out = _cli(settings, "--streams-group", group)

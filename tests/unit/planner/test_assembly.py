@@ -103,9 +103,14 @@ def test_stale_and_duplicate_headers_are_rejected(enc1: EncodedPlan, enc2: Encod
     assert [o.reason for o in out if isinstance(o, Ignored)] == ["stale-chunk"] * len(enc1.chunks)
     assert isinstance(out[-1], Rejected)
     assert out[-1].reason == "stale"
+    # the live version re-published byte for byte (a planner repairing its topic): not a rejection
     again = asm.offer(HEADER_KEY, enc2.header_bytes, "x")
-    assert isinstance(again, Rejected)
-    assert again.reason == "stale"
+    assert isinstance(again, Ignored)
+    assert again.reason == "republished"
+    forged = dataclasses.replace(enc2.header, planner_id="someone-else")
+    other = asm.offer(HEADER_KEY, codec_for(PlanHeader).encode(forged), "x")
+    assert isinstance(other, Rejected)
+    assert other.reason == "stale"
 
 
 def test_garbage_is_ignored_and_does_not_disturb(enc1: EncodedPlan, enc2: EncodedPlan) -> None:

@@ -1,0 +1,91 @@
+"""A plan from the future: gateways treat it as stale (one log line), within the skew margin not.
+
+Probe 6 of issue 13: a planner whose clock runs a day ahead stamps plans with a negative age, and a
+negative age used to count as fresh forever, so gateways stayed on a dead planner's last plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+
+from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
+from cacheroute.dispatcher.routing import RouteKind
+from cacheroute.planner import Plan, PlannerParams, build_plan
+
+NAMES = ["d0", "d1", "d2"]
+NOW_S = 1_700_000_000.0
+DAY_MS = 86_400_000
+
+
+def plan(version: int, created_ms: int) -> Plan:
+    return build_plan(
+        [f"k{i}" for i in range(50)],
+        np.linspace(10.0, 1.0, 50),
+        NAMES,
+        PlannerParams(q_cap=4.0, warm_slots=10, control_interval_s=10.0),
+        version=version,
+        created_ms=created_ms,
+    )
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def stale(d: Dispatcher) -> bool:
+    """The router's stale flag (a call, so mypy does not narrow it between assertions)."""
+    return d.router.stale
+
+
+def future_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "in the future of this gateway's clock" in r.message]
+
+
+def test_a_plan_a_day_in_the_future_is_stale_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock(NOW_S)
+    d = Dispatcher(NAMES, rng=random.Random(0), clock=clock)
+    with caplog.at_level(logging.WARNING, logger="cacheroute.dispatcher"):
+        assert d.apply_plan(plan(1, int(NOW_S * 1000) + DAY_MS))
+        assert d.router.stale
+        for i in range(1000):
+            d.route(f"k{i % 50}")
+            clock.t += 0.5  # 500 s later: still a day ahead
+            assert d.check_staleness()
+    assert d.router.counts[RouteKind.STALE] == 1000
+    assert d.router.counts[RouteKind.PLAN] == 0
+    lines = future_lines(caplog)
+    assert len(lines) == 1
+    assert "plan v1 was created 86400 s in the future" in lines[0].message
+
+
+def test_clock_skew_within_the_margin_is_fresh_and_beyond_it_is_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock(NOW_S)
+    d = Dispatcher(NAMES, DispatcherConfig(max_clock_skew_s=5.0), clock=clock)
+    now_ms = int(NOW_S * 1000)
+    with caplog.at_level(logging.WARNING, logger="cacheroute.dispatcher"):
+        d.apply_plan(plan(1, now_ms + 5_000))  # exactly the margin ahead: allowed
+        assert not stale(d)
+        d.apply_plan(plan(2, now_ms + 5_001))  # a millisecond more: stale
+        assert stale(d)
+        d.apply_plan(plan(3, now_ms - 1_000))  # a plan with a plausible time: fresh again
+        assert not stale(d)
+        d.apply_plan(plan(4, now_ms + 60_000))
+        assert stale(d)
+        clock.t += 60.0  # the clocks meet: the same plan is fresh (age 0)
+        assert not d.check_staleness()
+        clock.t += 31.0  # and ages normally: 3 intervals of 10 s
+        assert d.check_staleness()
+    assert len(future_lines(caplog)) == 2  # one per transition into the future, not per check
+    assert sum("path (no plan) until" in r.message for r in caplog.records) == 1
