@@ -18,6 +18,7 @@ class StreamMetrics:
 
     registry: CollectorRegistry
     batches: Counter
+    messages_redelivered: Counter
     events_accepted: Counter
     events_late: Counter
     events_replayed: Counter
@@ -60,6 +61,12 @@ class StreamMetrics:
             max_gateway_labels=max_gateway_labels,
             registry=reg,
             batches=Counter(p + "batches", "Kafka messages (batches/summaries) read", registry=reg),
+            messages_redelivered=Counter(
+                p + "messages_redelivered",
+                "Kafka messages delivered again to the worker that already applied them (consumer "
+                "seek): skipped whole",
+                registry=reg,
+            ),
             events_accepted=Counter(
                 p + "events_accepted", "Request events counted into a window", registry=reg
             ),

@@ -159,6 +159,8 @@ class PartitionState:
         self.restored_offset = -1
         """Newest source offset the restored state already includes: a re-delivered message at or
         below it was applied before the restart, so none of its events may count again."""
+        self.handled_upto = -1
+        """Newest source offset this object has handled (see `first_delivery`)."""
         self.restore_warning: str | None = None
         """Set by `restore` when it discarded a future-dated watermark (the caller logs it)."""
         self._deletes: list[bytes] = []
@@ -166,6 +168,22 @@ class PartitionState:
         self._bucket_of: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------ applying
+    def first_delivery(self, offset: int) -> bool:
+        """Whether the message at `offset` is new to this object; it then counts as handled.
+
+        False for a message at or below the newest offset handled: Kafka delivers a partition in
+        offset order, so that is the same message delivered again while this object owns the
+        partition (the consumer re-read after seeking back to the committed offset, as Faust does
+        when it resumes a partition after a rebalance). Its effect is already in this state: the
+        caller must skip it whole (no count, no dead letter), or it would count twice, or count
+        as late once its window has closed. A re-delivery after a restart or rebalance meets a
+        new, restored object instead, and is judged by `restored_offset`.
+        """
+        if offset <= self.handled_upto:
+            return False
+        self.handled_upto = offset
+        return True
+
     def _bucket(self, key: str) -> int:
         b = self._bucket_of.get(key)
         if b is None:
