@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import urllib.request
 
-__all__ = ["free_port", "scrape_metrics"]
+__all__ = ["free_port", "free_port_block", "scrape_metrics"]
 
 
 def free_port() -> int:
@@ -17,6 +17,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_block(n: int) -> int:
+    """A port p such that p .. p+n-1 are all free on 127.0.0.1 right now (a local broker takes
+    its listener and controller ports in a row, a cluster n of them)."""
+    for _ in range(100):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return base
+    raise RuntimeError(f"no block of {n} free ports on 127.0.0.1")
 
 
 def scrape_metrics(

@@ -17,6 +17,7 @@ from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.kafkaio import producer_config
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.loopback import free_port_block
 from cacheroute.planner import Plan
 from cacheroute.planner.protocol import HEADER_KEY
 from cacheroute.schemas import Destination as DestinationRecord
@@ -24,7 +25,6 @@ from cacheroute.schemas import PlanHeader, PlanParams, codec_for
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 from tests.integration.planservice_support import make_plan, started_publisher
-from tests.integration.test_local_broker_kafka import _free_port_pair
 
 pytestmark = pytest.mark.kafka
 
@@ -141,7 +141,7 @@ def test_a_corrupt_version_is_ignored_and_the_live_plan_stays(settings: Settings
 def test_broker_outage_keeps_routing_on_the_last_plan(
     tmp_path: Path, kafka_settings: Settings
 ) -> None:
-    port = _free_port_pair()
+    port = free_port_block(2)
     broker = LocalBroker(tmp_path / "broker", port=port, heap="384m")
     dist = resolve_distribution(kafka_settings)
     broker.start(dist, timeout=120)

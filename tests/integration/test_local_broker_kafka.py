@@ -19,30 +19,16 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import produce_sync, producer_config, read_partition
 from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.localkafka.broker import broker_answers
+from cacheroute.loopback import free_port_block
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 
 
-def _free_port_pair() -> int:
-    """A port p such that p and p+1 are both free on 127.0.0.1 right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 @pytest.fixture
 def private_broker(tmp_path: Path, kafka_settings: Settings) -> Iterator[LocalBroker]:
-    port = _free_port_pair()
+    port = free_port_block(2)
     broker = LocalBroker(tmp_path / "broker", host="127.0.0.1", port=port, heap="384m")
     yield broker
     broker.stop(timeout=30)
@@ -81,7 +67,7 @@ def test_start_idempotent_restart_keeps_data_stop(
 
 
 def test_stale_pid_file_is_never_signalled(tmp_path: Path) -> None:
-    broker = LocalBroker(tmp_path, port=_free_port_pair())
+    broker = LocalBroker(tmp_path, port=free_port_block(2))
     tmp_path.mkdir(exist_ok=True)
     broker.pid_file.write_text(f"{os.getpid()}\n")  # our own pid: alive, but not a Kafka broker
     assert broker.pid() is None

@@ -21,7 +21,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -49,7 +48,7 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import producer_config
 from cacheroute.kafkasecurity import ENV_VARS
 from cacheroute.localkafka import LocalBroker, resolve_distribution
-from cacheroute.loopback import free_port, scrape_metrics
+from cacheroute.loopback import free_port, free_port_block, scrape_metrics
 from cacheroute.planservice.publisher import PlanPublisher
 from cacheroute.planservice.reader import read_plan_history
 from cacheroute.settings import Settings
@@ -60,21 +59,6 @@ pytestmark = pytest.mark.kafka
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = ("gateway", "streams", "planner", "admin")
-
-
-def _free_port_pair() -> int:
-    """A port p such that p and p+1 are both free on 127.0.0.1 right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 _CONNECTION_VARS = {*ENV_VARS.values(), "CACHEROUTE_KAFKA_CONFIG", "CACHEROUTE_BOOTSTRAP"}
@@ -143,7 +127,7 @@ def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureC
     home = tmp_path_factory.mktemp("secure-home")
     if base.kafka_home is None:
         (home / "kafka").symlink_to(dist.libs.parent.parent, target_is_directory=True)
-    port = _free_port_pair()
+    port = free_port_block(2)
     bootstrap = f"127.0.0.1:{port}"
     prefix = f"sec-{uuid.uuid4().hex[:8]}."
     app_id = f"{prefix}streams"

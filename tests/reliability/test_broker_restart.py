@@ -17,11 +17,11 @@ from pathlib import Path
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.loopback import free_port_block
 from cacheroute.planservice.reader import read_plan_history
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 from tests.integration.planservice_support import planner_process, produce_rates
-from tests.integration.test_local_broker_kafka import _free_port_pair
 from tests.integration.test_planservice_kafka import window_rates, write_config
 
 WINDOW_MS = 10_000
@@ -39,7 +39,7 @@ def _wait_version(dispatcher: Dispatcher, above: int, timeout: float, why: str) 
 def test_broker_restart_mid_run_loses_no_plan_version(
     tmp_path: Path, kafka_settings: Settings
 ) -> None:
-    broker = LocalBroker(tmp_path / "broker", port=_free_port_pair(), heap="384m")
+    broker = LocalBroker(tmp_path / "broker", port=free_port_block(2), heap="384m")
     broker.start(resolve_distribution(kafka_settings), timeout=120)
     # no compaction during the test: every published header stays readable
     settings = kafka_settings.with_overrides(

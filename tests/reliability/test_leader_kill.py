@@ -16,7 +16,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.kafkaio import produce_sync, producer_config, read_partition
 from cacheroute.localkafka import resolve_distribution
 from cacheroute.localkafka.cluster import LocalCluster
+from cacheroute.loopback import free_port_block
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 from tests.integration.planservice_support import make_plan, started_publisher
@@ -37,33 +37,10 @@ from tests.integration.planservice_support import make_plan, started_publisher
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port_block(n: int) -> int:
-    """A port p such that p .. p+n-1 are all free on 127.0.0.1 right now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-        return base
-    raise RuntimeError(f"no block of {n} free ports")
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     base = Settings.from_env()
-    nodes = LocalCluster(tmp_path / "cluster", port=_free_port_block(6), brokers=3, heap="320m")
+    nodes = LocalCluster(tmp_path / "cluster", port=free_port_block(6), brokers=3, heap="320m")
     try:
         nodes.start(resolve_distribution(base), timeout=240)
         yield nodes

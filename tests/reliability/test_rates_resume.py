@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.loopback import free_port_block
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 from tests.integration.streams_support import (
@@ -22,13 +23,12 @@ from tests.integration.streams_support import (
     synthetic_events,
     truth,
 )
-from tests.integration.test_local_broker_kafka import _free_port_pair
 
 WINDOW = 20_000
 
 
 def test_rates_resume_after_a_broker_restart(tmp_path: Path, kafka_settings: Settings) -> None:
-    broker = LocalBroker(tmp_path / "broker", port=_free_port_pair(), heap="384m")
+    broker = LocalBroker(tmp_path / "broker", port=free_port_block(2), heap="384m")
     broker.start(resolve_distribution(kafka_settings), timeout=120)
     settings = kafka_settings.with_overrides(bootstrap=broker.bootstrap, topic_prefix="resume.")
     try:
