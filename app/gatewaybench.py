@@ -70,20 +70,30 @@ def _body(i: int, *, stream: bool, tokens: int) -> bytes:
     )
 
 
-def _wait_healthy(child: Child, port: int, timeout: float = 30.0) -> None:
+def _wait_healthy(child: Child, port: int, path: str = "/health", timeout: float = 30.0) -> None:
+    """Wait until `child` answers 200 on `path` (the gateway: /ready with every backend up)."""
     deadline = time.monotonic() + timeout
+    last = ""
     while time.monotonic() < deadline:
         if not child.alive():
             raise CacheRouteError(f"{child.name} exited during start:\n{child.tail()}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as r:
+                body = r.read()
+                if r.status == 200 and (path != "/ready" or _all_up(body)):
                     return
-        except OSError:
-            time.sleep(0.1)
+                last = body.decode("utf-8", "replace")
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.1)
     raise CacheRouteError(
-        f"{child.name} did not answer /health in {timeout:.0f} s:\n{child.tail()}"
+        f"{child.name} did not answer {path} in {timeout:.0f} s ({last}):\n{child.tail()}"
     )
+
+
+def _all_up(ready_body: bytes) -> bool:
+    backends = orjson.loads(ready_body).get("backends", {})
+    return bool(backends) and all(b.get("up") for b in backends.values())
 
 
 class _Client:
@@ -176,6 +186,11 @@ async def _measure(
         for stream, prefix in ((False, ""), (True, "stream_")):
             say(f"{prefix or 'plain '}saturation ...")
             rps = await client.saturate(gw_port, stream=stream)
+            if rps <= 0:
+                raise CacheRouteError(
+                    f"no request through the gateway completed in {cfg.duration_s} s "
+                    f"({dict(client.failures)})"
+                )
             out[f"{prefix}requests_per_s"] = round(rps, 1)
             rate = rps / 2
             say(f"{prefix or 'plain '}latency at {rate:.0f} req/s, direct then via the gateway ...")
@@ -213,12 +228,16 @@ def run_gateway_bench(
             argv = ["-m", "cacheroute", "gateway", "--no-kafka", "--port", str(gw_port)]
             for e, port in enumerate(ports):
                 argv += ["--backend", f"e{e}=http://127.0.0.1:{port}"]
+            for child, port in zip(children, ports, strict=True):
+                _wait_healthy(child, port)
             gw = start_child("gateway", argv, logs / "gateway.log")
             children.append(gw)
-            for child, port in zip(children, [*ports, gw_port], strict=True):
-                _wait_healthy(child, port)
+            _wait_healthy(gw, gw_port, "/ready")
             say("measuring ...")
-            runner_result: dict[str, Any] = _run(_measure(gw_port, ports[0], cfg, say))
+            try:
+                runner_result: dict[str, Any] = _run(_measure(gw_port, ports[0], cfg, say))
+            except CacheRouteError as exc:
+                raise CacheRouteError(f"{exc}\ngateway log:\n{gw.tail()}") from exc
         finally:
             for child in reversed(children):
                 child.stop()

@@ -3,8 +3,10 @@
 The proxy marks a backend down on a connection error or a 5xx (`BackendHealth.failed`); every
 `health_interval_s` this checker GETs each backend's health path (`/health`, or e.g.
 `/v1/models`) and marks it up on a 2xx, down otherwise. A backend is therefore out of rotation
-from its first failure until its next good health check: at most one interval for a transient
-error, as long as needed for a dead one. Transitions are logged once, with what to do.
+from its first failure until its next good health check. While any backend is down the checks
+come sooner, from `FIRST_RECHECK_S` doubling up to the interval, so a transient error (or an engine
+that was still starting when the gateway was) costs a fraction of a second, not a whole interval;
+a dead backend costs one cheap GET per interval. Transitions are logged once, with what to do.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.gateway.config import Backend
 from cacheroute.gateway.metrics import GatewayMetrics
 
-__all__ = ["BackendHealth"]
+__all__ = ["FIRST_RECHECK_S", "BackendHealth", "grow_backoff"]
+
+FIRST_RECHECK_S = 0.1
+"""Delay before the first re-check of a backend that is down (doubling up to the interval)."""
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,7 @@ class BackendHealth:
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._none_up_logged = False
+        self._failed = asyncio.Event()  # a request failed: re-check soon, not at the interval
 
     def is_up(self, name: str) -> bool:
         return self.dispatcher.router.is_up(name)
@@ -54,14 +60,16 @@ class BackendHealth:
         if self.is_up(backend.name):
             log.warning(
                 "backend %s (%s) failed a request: %s; marked down, its keys go to the other "
-                "backends until its health check (%s every %g s) passes again",
+                "backends until its health check (%s, re-checked from %g s up to every %g s) passes",
                 backend.name,
                 backend.url,
                 why,
                 backend.health_path,
+                FIRST_RECHECK_S,
                 self.interval_s,
             )
             self.dispatcher.mark_down(backend.name)
+            self._failed.set()
 
     async def check(self, session: aiohttp.ClientSession, backend: Backend) -> bool:
         """One health check of `backend`; updates its state and returns whether it passed."""
@@ -103,10 +111,14 @@ class BackendHealth:
         return list(await asyncio.gather(*(self.check(session, b) for b in self.backends)))
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        """Check every `interval_s` until cancelled."""
+        """Check every `interval_s` until cancelled; sooner while a backend is down or after a
+        request failed, backing off (`grow_backoff`) so a backend that passes its health check but
+        keeps failing requests is not re-admitted ten times a second."""
+        backoff = 0.0  # 0 while everything has stayed up for a whole interval
         while True:
+            all_up = False
             try:
-                await self.check_all(session)
+                all_up = all(await self.check_all(session))
                 none_up = not self.any_up()
                 if none_up and not self._none_up_logged:
                     log.error(
@@ -116,7 +128,24 @@ class BackendHealth:
                 self._none_up_logged = none_up
             except Exception:  # a bug here must not stop the checks
                 log.exception("health check round failed; retrying next interval")
-            await asyncio.sleep(self.interval_s)
+                all_up = True  # wait the interval, not a tight loop
+            if not all_up:
+                backoff = grow_backoff(backoff, self.interval_s)
+            self._failed.clear()
+            try:
+                await asyncio.wait_for(self._failed.wait(), self.interval_s if all_up else backoff)
+            except TimeoutError:
+                if all_up:
+                    backoff = 0.0  # a whole interval without a failure
+                continue
+            backoff = grow_backoff(backoff, self.interval_s)  # a request failed: re-check soon
+            await asyncio.sleep(backoff)
+
+
+def grow_backoff(backoff: float, interval_s: float) -> float:
+    """The next re-check delay: `FIRST_RECHECK_S` after a clean spell, else double, capped at
+    the interval."""
+    return min(FIRST_RECHECK_S if backoff <= 0 else 2 * backoff, interval_s)
 
 
 def _auth(backend: Backend) -> dict[str, str]:

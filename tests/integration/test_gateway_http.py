@@ -344,14 +344,43 @@ def test_a_5xx_backend_is_marked_down_then_502_then_503(tmp_path: Path) -> None:
             assert first.status == 502
             assert first.json()["error"]["code"] == "upstream_failure"
             assert "HTTP 500" in first.json()["error"]["message"]
-            second = post_chat(gw.port, chat_body("hello"))
-            assert second.status == 503
-            assert second.json()["error"]["code"] == "no_backend_available"
-            assert get(gw.port, "/ready").status == 503
+            # It passes its health check, so it is re-admitted after 0.1, 0.2, 0.4, 0.8, 1.6 s,
+            # and fails the next request each time: in 3 s at most 5 more 502s, the rest 503.
+            statuses: Counter[int] = Counter()
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                reply = post_chat(gw.port, chat_body("hello"))
+                statuses[reply.status] += 1
+                if reply.status == 503:
+                    assert reply.json()["error"]["code"] == "no_backend_available"
+                time.sleep(0.01)
+            assert set(statuses) <= {502, 503}
+            assert 1 <= statuses[502] <= 5, statuses
+            assert statuses[503] > 10 * statuses[502], statuses
             assert "marked down" in gw.log.read_text()
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_engine_that_starts_after_the_gateway_is_in_rotation_within_seconds(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with gateway("gw-early", tmp_path, {"late": port}, "--health-interval", "60") as gw:
+        assert get(gw.port, "/ready").status == 503
+        time.sleep(1.0)  # the first failed checks back off: 0.1, 0.2, 0.4 s ...
+        with started(
+            "late",
+            ["engine", "--port", str(port), "--name", "late", "--zero-delay"],
+            tmp_path,
+            port=port,
+        ):
+            t0 = time.monotonic()
+            wait_until(lambda: get(gw.port, "/ready").status == 200, "the late engine", 20.0)
+            # not the 60 s interval: the backoff is at most a few seconds by now
+            assert time.monotonic() - t0 < 15.0
+            assert post_chat(gw.port, chat_body("hello")).status == 200
 
 
 # ------------------------------------------------------------------------ events on Kafka
