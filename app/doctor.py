@@ -620,9 +620,7 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
     """Run every check against the broker of `settings`."""
     from confluent_kafka import (  # noqa: PLC0415 - Kafka client only when run
         Consumer,
-        ConsumerGroupTopicPartitions,
         KafkaException,
-        TopicPartition,
     )
 
     from cacheroute.kafkaio import (  # noqa: PLC0415
@@ -630,8 +628,6 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
         QuietLog,
         connect_admin,
         consumer_config,
-        explain_kafka_error,
-        is_authorization_error,
     )
 
     opts = options or DoctorOptions()
@@ -655,48 +651,87 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
     consumer = Consumer(consumer_config(settings, group_id="cacheroute-doctor", logger=QuietLog()))
     try:
         requests = settings.topics["requests"]
-        if requests in partitions:
-            tps = [TopicPartition(requests, p) for p in range(partitions[requests])]
-            low: dict[int, int] = {}
-            high: dict[int, int] = {}
-            for tp in tps:
-                lo, hi = consumer.get_watermark_offsets(tp, timeout=opts.timeout_s)
-                low[tp.partition], high[tp.partition] = lo, hi
-            committed: dict[int, int | None] = {}
-            denied = False
-            try:
-                futures = admin.list_consumer_group_offsets(
-                    [ConsumerGroupTopicPartitions(opts.streams_group, tps)]
-                )
-                result = futures[opts.streams_group].result(timeout=opts.timeout_s)
-                for tp in result.topic_partitions or []:
-                    committed[tp.partition] = tp.offset if tp.offset >= 0 else None
-            except KafkaException as exc:
-                committed = {}
-                if is_authorization_error(exc):
-                    denied = True  # the lag is unknown, not zero: no streams-lag finding
-                    findings.append(
-                        check_access(
-                            "authorization",
-                            explain_kafka_error(
-                                settings, exc, doing=f"reading group {opts.streams_group}"
-                            )[1],
-                            principal,
-                        )
-                    )
-            if not denied:
-                findings.append(
-                    check_lag(
-                        opts.streams_group, requests, committed, low, high, max_lag=opts.max_lag
-                    )
-                )
-
+        try:
+            findings += _lag_findings(settings, admin, consumer, partitions, opts)
+        except KafkaException as exc:  # e.g. a leader election in progress: say so, never crash
+            findings.append(_unreadable("streams-lag", requests, settings, exc))
         dlq = settings.topics["dead_letter"]
         if dlq in partitions:
-            findings += _dlq_findings(consumer, dlq, partitions[dlq], opts)
+            try:
+                findings += _dlq_findings(consumer, dlq, partitions[dlq], opts)
+            except KafkaException as exc:
+                findings.append(_unreadable("dead-letter", dlq, settings, exc))
     finally:
         consumer.close()
     return DoctorReport(settings.bootstrap, True, tuple(findings))
+
+
+def _unreadable(check: str, topic: str, settings: Settings, exc: Exception) -> Finding:
+    from cacheroute.kafkaio import explain_kafka_error  # noqa: PLC0415
+
+    return Finding(
+        check,
+        FAIL,
+        f"could not read {topic}: {explain_kafka_error(settings, exc, doing=f'reading {topic}')[1]}",
+        "run the doctor again in a minute (a broker may be electing leaders); if it persists, "
+        "check the brokers' logs and `cacheroute topics ensure`",
+    )
+
+
+def _lag_findings(
+    settings: Settings,
+    admin: Any,
+    consumer: Any,
+    partitions: Mapping[str, int],
+    opts: DoctorOptions,
+) -> list[Finding]:
+    """The streams group's lag on the requests topic (none if the topic is missing)."""
+    from confluent_kafka import (  # noqa: PLC0415
+        ConsumerGroupTopicPartitions,
+        KafkaException,
+        TopicPartition,
+    )
+
+    from cacheroute.kafkaio import explain_kafka_error, is_authorization_error  # noqa: PLC0415
+
+    principal = settings.kafka_security.principal
+    findings: list[Finding] = []
+    requests = settings.topics["requests"]
+    if requests not in partitions:
+        return findings
+    tps = [TopicPartition(requests, p) for p in range(partitions[requests])]
+    low: dict[int, int] = {}
+    high: dict[int, int] = {}
+    for tp in tps:
+        lo, hi = consumer.get_watermark_offsets(tp, timeout=opts.timeout_s)
+        low[tp.partition], high[tp.partition] = lo, hi
+    committed: dict[int, int | None] = {}
+    denied = False
+    try:
+        futures = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(opts.streams_group, tps)]
+        )
+        result = futures[opts.streams_group].result(timeout=opts.timeout_s)
+        for tp in result.topic_partitions or []:
+            committed[tp.partition] = tp.offset if tp.offset >= 0 else None
+    except KafkaException as exc:
+        committed = {}
+        if is_authorization_error(exc):
+            denied = True  # the lag is unknown, not zero: no streams-lag finding
+            findings.append(
+                check_access(
+                    "authorization",
+                    explain_kafka_error(settings, exc, doing=f"reading group {opts.streams_group}")[
+                        1
+                    ],
+                    principal,
+                )
+            )
+    if not denied:
+        findings.append(
+            check_lag(opts.streams_group, requests, committed, low, high, max_lag=opts.max_lag)
+        )
+    return findings
 
 
 def _topic_findings(

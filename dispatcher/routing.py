@@ -12,8 +12,9 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   requests in flight (with many gateways, the normal case: every count is 0 most of the time);
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
-  request, CHWBL's bound) and at least `spill_min_inflight` (16) -> the cold path below (so the
-  spilled requests of one key still meet on one replica), counted as `spilled`. A plan balances
+  request, CHWBL's bound) and at least `spill_min_inflight` (16) requests' worth -> the cold
+  path below (so the spilled requests of one key still meet on one replica), counted as
+  `spilled`. A plan balances
   request *rates* over a control interval; the work per request still varies (cache misses, prompt
   lengths, bursts), and a planned key must not pile a queue onto one replica in the meantime;
 - any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
@@ -127,8 +128,10 @@ SHARD_MASK = SHARDS - 1
 DEFAULT_SPILL_FACTOR = 2.0
 """A planned destination with twice the mean in-flight requests takes no more planned ones."""
 DEFAULT_SPILL_MIN_INFLIGHT = 16
-"""...as long as it has at least this many in flight from this gateway: a serving engine runs
-dozens of sequences in one batch, so a handful in flight is no queue, only noise."""
+"""...as long as it has at least this many requests' worth in flight from this gateway: a serving
+engine runs dozens of sequences in one batch, so a handful in flight is no queue, only noise.
+With load units (`acquire(d, units)`) a request's worth is the mean units of the requests in
+flight, so the floor means the same whatever a request weighs."""
 DEFAULT_COLD_LOAD_FACTOR = 1.25
 """The cold path's bound, as CHWBL's c: no destination takes a cold key above 1.25x the mean."""
 RING_VNODES = 160
@@ -295,6 +298,8 @@ class Router:
         self.live: list[int] = list(range(len(self.names)))
         self.counts: list[int] = [0] * len(RouteKind.NAMES)
         self.total_inflight = 0
+        self.total_requests = 0
+        """Requests in flight (one per `acquire`, whatever its units)."""
         self._lock = threading.Lock()
         self._ring_points, self._ring_owners = _ring(tuple(self.names))
         self._cold_start: dict[str, tuple[int, int, int]] = {}
@@ -330,9 +335,10 @@ class Router:
                     return self._cold(key)
                 f = self.spill_factor
                 if (
-                    load >= self.spill_min_inflight
-                    and f is not None
+                    f is not None
                     and load * len(self.live) >= f * (self.total_inflight + 1)
+                    # and at least spill_min_inflight requests' worth of units (see its doc)
+                    and load * self.total_requests >= self.spill_min_inflight * self.total_inflight
                 ):
                     self.counts[6] += 1
                     return self._cold(key)
@@ -487,6 +493,7 @@ class Router:
         with self._lock:
             self.inflight[index] += units
             self.total_inflight += units
+            self.total_requests += 1
 
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
@@ -495,6 +502,8 @@ class Router:
             take = units if units <= held else held
             self.inflight[index] = held - take
             self.total_inflight -= take
+            if self.total_requests > 0:
+                self.total_requests -= 1
 
     # ---------------------------------------------------------------------------- liveness
     def mark_down(self, name: str) -> bool:

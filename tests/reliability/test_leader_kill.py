@@ -61,7 +61,7 @@ def _doctor(settings: Settings) -> tuple[int, dict[str, dict[str, object]]]:
             "doctor",
             "--json",
             "--timeout",
-            "5",
+            "15",
         ],
         capture_output=True,
         text=True,
@@ -70,6 +70,7 @@ def _doctor(settings: Settings) -> tuple[int, dict[str, dict[str, object]]]:
         check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("CACHEROUTE_KAFKA_")},
     )
+    assert proc.stdout.strip(), f"doctor printed no report (exit {proc.returncode}):\n{proc.stderr}"
     report = json.loads(proc.stdout)
     return proc.returncode, {f["check"]: f for f in report["findings"]}
 

@@ -223,6 +223,22 @@ def test_overloaded_member_spills_to_the_cold_path_only_past_both_bounds() -> No
     assert m.counts[RouteKind.SPILLED] == 1
 
 
+def test_the_spill_floor_counts_requests_whatever_they_weigh() -> None:
+    r = Router(NAMES, rng=random.Random(1), spill_min_inflight=4)
+    r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
+    for _ in range(3):  # three long prompts of 30 units each, all on d1
+        r.acquire(1, 30)
+    # 90 units: 90 x 4 >= 2 x (90 + 1), but 3 requests are below the floor of 4 requests
+    # (a floor in units, 4, would have spilled after the first one)
+    assert r.route("solo") == "d1"
+    r.acquire(1, 30)
+    assert r.route("solo") != "d1"  # 4 requests' worth: past both bounds
+    assert r.counts[RouteKind.SPILLED] == 1
+    for _ in range(4):
+        r.release(1, 30)
+    assert (r.total_inflight, r.total_requests) == (0, 0)
+
+
 def test_spill_can_be_turned_off() -> None:
     r = Router(NAMES, rng=random.Random(1), spill_factor=None)
     r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
