@@ -12,11 +12,11 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   requests in flight (with many gateways, the normal case: every count is 0 most of the time);
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
-  request, CHWBL's bound) and at least `spill_min_inflight` (16) requests' worth -> the cold
+  request, CHWBL's bound) and at least `spill_min_inflight` (4) requests' worth -> the cold
   path below (so the spilled requests of one key still meet on one replica), counted as
-  `spilled`. A plan balances
-  request *rates* over a control interval; the work per request still varies (cache misses, prompt
-  lengths, bursts), and a planned key must not pile a queue onto one replica in the meantime;
+  `spilled`. A plan balances request *rates* over a control interval; the work per request
+  still varies (cache misses, prompt lengths, bursts), and a planned key must not pile a queue
+  onto one replica in the meantime;
 - any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
   no plan yet, or a plan older than the staleness limit -> the **cold path** (`cold_affinity`, our
   extension), which gives every key a home without coordination between gateways:
@@ -127,11 +127,13 @@ SHARDS = 64
 SHARD_MASK = SHARDS - 1
 DEFAULT_SPILL_FACTOR = 2.0
 """A planned destination with twice the mean in-flight requests takes no more planned ones."""
-DEFAULT_SPILL_MIN_INFLIGHT = 16
-"""...as long as it has at least this many requests' worth in flight from this gateway: a serving
-engine runs dozens of sequences in one batch, so a handful in flight is no queue, only noise.
-With load units (`acquire(d, units)`) a request's worth is the mean units of the requests in
-flight, so the floor means the same whatever a request weighs."""
+DEFAULT_SPILL_MIN_INFLIGHT = 4
+"""...as long as it has at least this many requests' worth in flight from this gateway: an engine
+batches sequences, so one or two in flight is no queue. With load units (`acquire(d, units)`) a
+request's worth is the mean units of the requests in flight, so the floor means the same whatever
+a request weighs. (Measured: a floor of 16 requests never let a planned key spill at 4+ gateways,
+and long-context keys piled onto one replica; 16 *units*, the old floor, was below one long
+prompt, so conversations spilled off their warm replica at once. docs/EVALUATION.md.)"""
 DEFAULT_COLD_LOAD_FACTOR = 1.25
 """The cold path's bound, as CHWBL's c: no destination takes a cold key above 1.25x the mean."""
 RING_VNODES = 160

@@ -54,7 +54,7 @@ from cacheroute.replay.seeds import combine
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig
 from cacheroute.replay.sources import KeyBlocks, SourceSpec, load_source, resolve_key_blocks
-from cacheroute.replay.traces import TRACE_FORMATS
+from cacheroute.replay.traces import SESSION_KEYS, TRACE_FORMATS
 from cacheroute.replay.workloads import KINDS
 
 __all__ = ["evaluate_cmd"]
@@ -127,18 +127,22 @@ def _slo(value: object) -> tuple[float, bool]:
 
 
 def _key_blocks(value: object) -> KeyBlocks:
-    """--key-blocks: "auto" or a number of leading block ids (>= 1)."""
+    """--key-blocks: "auto", "session" (0) or a number of leading block ids (>= 1)."""
     if isinstance(value, int):
         return value
     text = str(value).strip().lower()
     if text == "auto":
         return "auto"
+    if text == "session":
+        return SESSION_KEYS
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise click.BadParameter(f"--key-blocks: expected an integer >= 1 or 'auto', got {value!r}")
+        raise click.BadParameter(
+            f"--key-blocks: expected an integer >= 1, 'session' or 'auto', got {value!r}"
+        )
     return n
 
 
@@ -331,7 +335,9 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     default="2",
     show_default=True,
     callback=lambda _ctx, _param, value: _key_blocks(value),
-    help="Mooncake key: leading block ids, or auto: 1-6, the diagnostic's best (~5 s).",
+    help="Mooncake key: leading block ids; session: shared prefix + first own block (what a "
+    "gateway keying on system prompt + first message gets); auto: the diagnostic's best of "
+    "session and 1-6 (~5 s).",
 )
 @click.option("--tile", type=click.IntRange(min=1), help="Trace copies [default: enough].")
 @click.option("--limit", type=click.IntRange(min=1), help="Read at most this many trace lines.")

@@ -52,6 +52,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from cacheroute.dispatcher.routing import DEFAULT_SPILL_MIN_INFLIGHT
 from cacheroute.replay.diagnostic import Diagnosis, Verdict, diagnose
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.fleet import FleetConfig
@@ -125,7 +126,7 @@ class EvalConfig:
     """cacheroute's sibling co-location (None: plain LPT)."""
     spill_factor: float | None = 2.0
     """cacheroute's dispatcher overload spill (None: the paper's dispatch rule)."""
-    spill_min_inflight: int = 16
+    spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
     """...once the destination holds at least this many load units from the gateway."""
     work_unit_tokens: int | None = 512
     """cacheroute's gateways weigh a request 1 + prompt tokens // this in flight (None: 1)."""

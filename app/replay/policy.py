@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from cacheroute.dispatcher.routing import DEFAULT_SPILL_MIN_INFLIGHT
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
@@ -56,8 +57,9 @@ class PlanConfig:
     spill_factor: float | None = 2.0
     """cacheroute's dispatcher spills a planned request to P2C when its destination holds this
     many times the mean in-flight count (None: the paper's rule, never spill)."""
-    spill_min_inflight: int = 16
-    """...and at least this many in flight from the gateway (`Router.spill_min_inflight`)."""
+    spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
+    """...and at least this many requests' worth in flight from the gateway
+    (`Router.spill_min_inflight`)."""
     work_unit_tokens: int | None = 512
     """cacheroute's gateways count a request's load as 1 + prompt tokens // this (None: 1)."""
     cold_load_factor: float = 1.25

@@ -3,8 +3,9 @@
 * **Mooncake** (kvcache-ai/Mooncake FAST'25 traces): one JSON object a line with `timestamp` (ms),
   `input_length`, `output_length` and `hash_ids`, one id per 512-token block of the prompt (equal
   ids = identical prefix). The routing key is the first `key_blocks` ids joined by `-` (the first
-  block alone is a poor key on production data: a handful of shared system prompts). Only full
-  blocks are cacheable: the id of a partial last block is dropped.
+  block alone is a poor key on production data: a handful of shared system prompts), or with
+  `key_blocks=SESSION_KEYS` (0) what a gateway keying on "system prompt + first message" gets
+  (`session_keys`). Only full blocks are cacheable: the id of a partial last block is dropped.
 * **Azure** (Azure Public Dataset, AzureLLMInferenceTrace 2023): `TIMESTAMP,ContextTokens,
   GeneratedTokens` - token counts only, no prefixes. Keys are synthetic: each request draws a key
   from a paper-like skewed distribution over `keys` keys, and the key's reusable prefix
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -102,16 +103,75 @@ def _json(path: Path, n: int, line: bytes) -> dict[str, Any]:
     return obj
 
 
+SESSION_KEYS = 0
+"""`key_blocks` value for session keys (`session_keys`)."""
+
+
+def session_keys(block_lists: Sequence[Sequence[int]], firsts: Sequence[int]) -> list[str]:
+    """Routing keys that follow conversations: `mc-<first id>.<shared prefix>/<first own block>`.
+
+    A gateway in front of a chat service keys a request on its system prompt plus first user
+    message (README, "Routing key"): every turn of a conversation then has the same key, and its
+    tenant (the system prompt) is the key's group. A block trace has no message boundaries, so
+    this finds them from the whole trace. Build the tree of every request's full blocks; a node
+    where requests part ways (two or more distinct next blocks) ends a prefix they share (a system
+    prompt, a shared document, a conversation's history before different questions). Walking
+    a request's path from its deepest such node up, the key is the first split whose next block
+    on the path recurs (two or more requests pass through it): that block opens a conversation.
+    Later turns extend the same path, so they get the same key. A request whose split block
+    never recurs (a one-off question) keys on its deepest shared prefix alone, the group's key;
+    a request that shares nothing keys on its first id; `firsts` is each request's first id,
+    partial or not, for requests with no full block.
+    """
+    child: dict[tuple[int, int], int] = {}
+    fanout: list[int] = [0]  # distinct next blocks per node; node 0 is the root
+    passes: list[int] = [0]  # requests whose path goes through each node
+    paths: list[list[int]] = []
+    for ids in block_lists:
+        node = 0
+        path = []
+        for b in ids:
+            nxt = child.get((node, b))
+            if nxt is None:
+                nxt = len(fanout)
+                child[(node, b)] = nxt
+                fanout.append(0)
+                passes.append(0)
+                fanout[node] += 1
+            passes[nxt] += 1
+            node = nxt
+            path.append(node)
+        paths.append(path)
+    keys: list[str] = []
+    for ids, path, first in zip(block_lists, paths, firsts, strict=True):
+        key = f"mc-{ids[0]}" if ids else f"mc-{first}"
+        deepest = 0
+        for depth in range(len(path), 0, -1):  # `depth` blocks are shared at this split
+            split = path[depth - 1]
+            if fanout[split] < 2:
+                continue
+            if depth < len(path) and passes[path[depth]] >= 2:
+                key = f"mc-{ids[0]}.{split}/{ids[depth]}"
+                break
+            deepest = deepest or split
+        else:
+            if deepest:
+                key = f"mc-{ids[0]}.{deepest}/"
+        keys.append(key)
+    return keys
+
+
 def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) -> RequestSet:
-    """A Mooncake JSONL trace; key = the first `key_blocks` hash ids."""
-    if key_blocks < 1:
-        raise ReplayError("key_blocks must be >= 1")
+    """A Mooncake JSONL trace; key = the first `key_blocks` hash ids, or session keys (0)."""
+    if key_blocks < 0:
+        raise ReplayError("key_blocks must be >= 1 (or 0: session keys)")
     times: list[float] = []
     keys: list[str] = []
     prompt: list[int] = []
     output: list[int] = []
     blocks: list[list[int]] = []
     prefix: list[int] = []
+    firsts: list[int] = []
     seen: set[int] = set()
     b = MOONCAKE_BLOCK_TOKENS
     for n, line in _lines(path, limit):
@@ -131,13 +191,21 @@ def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) 
             reused += 1
         seen.update(full)
         times.append(ts)
-        keys.append("mc-" + "-".join(str(x) for x in ids[:key_blocks]))
+        keys.append("mc-" + "-".join(str(x) for x in ids[: max(key_blocks, 1)]))
+        firsts.append(ids[0])
         prompt.append(p)
         output.append(o)
         blocks.append(full)
         prefix.append(reused * b)
     if not times:
         raise ReplayError(f"{path}: no requests")
+    if key_blocks == SESSION_KEYS:
+        keys = session_keys(blocks, firsts)
+    how = (
+        "session keys: shared prefix / first own block"
+        if key_blocks == SESSION_KEYS
+        else (f"key = first {key_blocks} block ids")
+    )
     return make_request_set(
         times=times,
         keys=keys,
@@ -146,7 +214,7 @@ def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) 
         block_lists=blocks,
         prefix_tokens=prefix,
         block_tokens=b,
-        source=f"Mooncake trace {path.name} (key = first {key_blocks} block ids)",
+        source=f"Mooncake trace {path.name} ({how})",
     )
 
 

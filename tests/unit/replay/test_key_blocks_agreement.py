@@ -43,23 +43,23 @@ def test_auto_picks_the_conversation_key(tmp_path: Path) -> None:
     _conversations(trace)
     spec = SourceSpec(trace=trace, requests=600, key_blocks="auto")
     gains = dict(choose_key_blocks(spec, destinations=8))
-    assert sorted(gains) == [1, 2, 3, 4, 5, 6]
+    assert sorted(gains) == [0, 1, 2, 3, 4, 5, 6]  # 0: session keys
     # 2-5 blocks group the requests alike (the estimates differ only by the names' hashed
     # homes); one lumped key (spread over every replica by fair-share sizing) and per-request
     # keys (nothing recurs) both expect clearly less
-    for kb in (3, 4, 5):
+    for kb in (0, 3, 4, 5):  # session keys find the conversations too
         assert gains[kb] == pytest.approx(gains[2], abs=0.01)
     assert gains[2] > gains[1] + 0.05
     assert gains[2] > gains[6] + 0.05
     chosen = resolve_key_blocks(spec, destinations=8)
-    assert chosen.key_blocks_chosen == 2  # within AUTO_TOLERANCE: the fewest blocks
+    assert chosen.key_blocks_chosen == 0  # within AUTO_TOLERANCE: session keys, then fewest
     info = chosen.describe()
     assert info["key_blocks"] == "auto"
-    assert info["key_blocks_chosen"] == 2
-    assert set(info["key_blocks_gains"]) == {"1", "2", "3", "4", "5", "6"}
+    assert info["key_blocks_chosen"] == 0
+    assert set(info["key_blocks_gains"]) == {"0", "1", "2", "3", "4", "5", "6"}
     q = load_source(chosen)
     assert len(q.keys) == 20
-    assert any("key_blocks auto: chose 2" in n for n in q.notes)
+    assert any("key_blocks auto: chose session" in n for n in q.notes)
 
 
 def test_given_key_blocks_and_other_formats_are_left_alone() -> None:

@@ -9,7 +9,13 @@ import pytest
 
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.sources import SourceSpec, detect_format, load_source, write_jsonl
-from cacheroute.replay.traces import read_azure, read_generic, read_mooncake
+from cacheroute.replay.traces import (
+    SESSION_KEYS,
+    read_azure,
+    read_generic,
+    read_mooncake,
+    session_keys,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
 
@@ -86,3 +92,57 @@ def test_bad_lines_name_the_file_and_line(tmp_path: Path) -> None:
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n', encoding="utf-8")
     with pytest.raises(ReplayError, match=r"bad\.jsonl:1"):
         read_mooncake(path)
+
+
+def test_session_keys_follow_conversations_and_group_them_by_shared_prefix() -> None:
+    # tenant A: system prompt blocks 1, 2; conversations X (own blocks 10..) and Y (20..)
+    # tenant B: system prompt block 5; conversations Z (30..), V (40) and W, whose first turn is
+    # shorter than a block; a lone request; a request with no full block (first, partial id 777)
+    lists = [
+        [1, 2, 10],  # X turn 1
+        [1, 2, 20, 21],  # Y turn 1
+        [5, 30],  # Z turn 1
+        [5],  # W turn 1 (its message is in the dropped partial block)
+        [1, 2, 10, 11, 12],  # X turn 2
+        [1, 2, 20, 21, 22],  # Y turn 2
+        [5, 30, 31],  # Z turn 2
+        [99, 98],  # alone
+        [],  # no full block
+        [5, 40],  # V turn 1
+    ]
+    firsts = [1, 1, 5, 5, 1, 1, 5, 99, 777, 5]
+    k = session_keys(lists, firsts)
+    x1, y1, z1, w1, x2, y2, z2, lone, short, v1 = k
+    # every turn of a conversation has one key
+    assert x1 == x2
+    assert y1 == y2
+    assert z1 == z2
+    assert v1 == w1  # one-off requests (V's block never recurs) key on their group alone
+    assert len({x1, y1, z1, w1, lone, short}) == 6
+    group = [key.rpartition("/")[0] for key in (x1, y1, z1, w1)]
+    assert group[0] == group[1] != group[2] == group[3]  # tenant = the group
+    assert all((x1.endswith("/10"), y1.endswith("/20"), z1.endswith("/30"), w1.endswith("/")))
+    assert (lone, short) == ("mc-99", "mc-777")
+
+
+def test_session_keys_from_a_mooncake_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rows = [
+        (0, 1100, [1, 2, 3]),  # A: system 1, 2 (1024 tokens) + 76 tokens (partial id 3)
+        (10, 1600, [1, 2, 4, 5]),  # B: 1, 2 + full block 4 + partial 5
+        (20, 2100, [1, 2, 4, 6, 7]),  # B turn 2: 1, 2, 4, 6 + partial 7
+        (30, 1600, [1, 2, 8, 9]),  # C: 1, 2 + full block 8 + partial 9 (one-off)
+    ]
+    path.write_text(
+        "".join(
+            f'{{"timestamp": {t}, "input_length": {n}, "output_length": 8, "hash_ids": {ids}}}\n'
+            for t, n, ids in rows
+        )
+    )
+    q = read_mooncake(path, key_blocks=SESSION_KEYS)
+    keys = [q.keys[i] for i in q.key_index.tolist()]
+    assert keys[1] == keys[2] != keys[0]
+    assert keys[0] == keys[3]  # A and C: one-off requests on the shared prefix
+    assert keys[0].endswith("/")
+    assert keys[1].endswith("/4")
+    assert "session keys" in q.source
