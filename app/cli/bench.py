@@ -550,3 +550,88 @@ def bench_gateway_cmd(
     with console.status("starting engines and a gateway ...") as status:
         result = run_gateway_bench(cfg, say=status.update)
     _emit_result("gateway benchmark", result, as_json=as_json)
+
+
+@bench.command("propagation")
+@click.option(
+    "--gateways",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Gateway processes, each a real Dispatcher following the plans topic.",
+)
+@click.option(
+    "--keys",
+    default=PAPER_KEYS,
+    show_default=True,
+    type=click.IntRange(min=400),
+    help="Keys of the paper-like workload the plans are built from.",
+)
+@click.option(
+    "--versions",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed plan versions per phase (each phase also publishes one untimed warm-up).",
+)
+@click.option(
+    "--destinations",
+    default=30,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Destinations in the plans (and in every gateway).",
+)
+@click.option(
+    "--interval",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(min=0.5),
+    help="Least seconds between two commits; a version also waits for every gateway.",
+)
+@click.option("--seed", default=0, show_default=True, help="Workload and drift seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.pass_obj
+def bench_propagation_cmd(
+    settings: Settings,
+    gateways: int,
+    keys: int,
+    versions: int,
+    destinations: int,
+    interval: float,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Planner commit -> applied in every gateway's Dispatcher: p50/p99/max over (version,
+    gateway), against one gateway in the same run.
+
+    Needs a broker (`cacheroute kafka start`). Gateways are child processes, stopped at the end;
+    the run's topics are created and deleted.
+    """
+    from cacheroute.propagationbench import (  # noqa: PLC0415 - needs Kafka; lazy
+        PropagationBench,
+        run_propagation_bench,
+        total_steps,
+    )
+
+    cfg = PropagationBench(
+        gateways=gateways,
+        keys=keys,
+        versions=versions,
+        destinations=destinations,
+        interval_s=interval,
+        seed=seed,
+    )
+    progress = progress_bar(Console(stderr=True))
+    progress.disable = progress.disable or as_json  # --json: stdout and stderr stay quiet
+    steps = total_steps(cfg)
+    with progress:
+        task = progress.add_task("plan propagation", total=steps)
+        started = [0]
+
+        def advance(description: str) -> None:
+            progress.update(task, description=description, completed=started[0])
+            started[0] += 1
+
+        result = run_propagation_bench(settings, cfg, advance)
+        progress.update(task, completed=steps)
+    _emit_result("plan propagation benchmark", result, as_json=as_json)
