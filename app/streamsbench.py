@@ -1,14 +1,50 @@
-"""`cacheroute bench streams`: the streams agent's ingest rate against a plain consumer, same run.
+"""`cacheroute bench streams`: the streams agent's ingest rate against two baselines, same run.
 
 Steps, all on the real broker in fresh topics (a unique prefix, deleted afterwards):
 1. preload: N request events with log-normal key popularity through the real gateway `Emitter`
    (event times spread over one window, so the run ends with one window close per partition);
-2. baseline: a plain confluent-kafka consumer reads every batch and decodes it (`raw_events_per_s`);
-3. agent: one `cacheroute streams run` worker process ingests the same topic; the clock runs from
-   its first batch to the moment all key rates of the window are emitted (`events_per_s`);
-4. check: the emitted rates add up to exactly N events;
-5. `emit_ns`: the emitter's cost per `emit()` call (dummy producer), with a list-append baseline.
-Ratios matter more than absolutes: the machine is shared.
+2. raw baseline: a plain confluent-kafka consumer reads every batch and decodes it;
+3. agent: one `cacheroute streams run` worker process ingests the same topic;
+4. numpy baseline: the batches step 2 decoded, aggregated per key in numpy (no Kafka, no Faust);
+5. check: the agent's rates add up to exactly N events, and the numpy per-key figures match them;
+6. `emit_ns`: the emitter's cost per `emit()` call (dummy producer), with a list-append baseline.
+
+What each figure measures (seconds are wall clock, `perf_counter`, unless named cpu):
+- `raw_seconds`, `raw_events_per_s` = N / `raw_seconds`: the clock starts before `assign()`, so
+  before librdkafka's first fetch (only creating the consumer and looking up the end offsets are
+  outside it), and stops when every partition has reported EOF at its end offset. Messages are
+  taken with a non-blocking `consume()`; only when nothing is queued does it block in `poll()`,
+  which returns on the first message or EOF. No timeout is waited out inside the clock: the
+  consumer sets `fetch.wait.max.ms=10` because librdkafka reports EOF only from a fetch at the end
+  offset, which the broker would otherwise hold for 500 ms (data in the log returns at once).
+  `raw_fetch_seconds`: time inside those `consume()`/`poll()` calls (waiting for librdkafka's
+  background fetcher and taking messages off its queue; the fetcher thread works while the main
+  thread decodes, so this is wait time, not the fetch's CPU). `raw_decode_seconds`: time inside
+  `decode_any` (fingerprint check + fastavro into a `RequestBatch`), the decoder the agent uses,
+  on every message. `raw_cpu_seconds`: this process's CPU time over the clock, all threads.
+  `raw_messages` counts batches read (the emitter's plus one empty closing heartbeat per partition).
+- `agent_seconds`, `events_per_s`: the clock starts at the first metrics scrape (every 20 ms) that
+  shows a batch handled, so worker start-up, group join and its first fetch are outside it, and it
+  stops at the scrape that shows every key's rate emitted. It therefore includes the worker's
+  flush cadence (a timer every 0.5 s), closing the window and producing one `KeyRate` per key to
+  the broker, none of which the baselines do. `events_per_s` counts only events accepted inside
+  the clock: N minus `agent_events_before_clock` (those already accepted at the first scrape).
+  `agent_ingest_seconds`: same start, to the scrape showing all N events accepted into the state.
+  `agent_flush_seconds`: the worker's own `flush_seconds` histogram sum (rates out, changelog,
+  acks) over the whole run. `agent_cpu_seconds`: the worker process's CPU time over the clock
+  (/proc; null where unavailable). The agent's fetch (aiokafka inside Faust) and decode are not
+  instrumented; it decodes the same bytes with the same `decode_any`, so its decode costs about
+  `raw_decode_seconds`.
+- `numpy_seconds`, `numpy_events_per_s` = N / `numpy_seconds`: `aggregate_per_key` (sort by
+  (key, time), then per key: count, mean and CV of the inter-arrival gaps, as the agent defines
+  them) over the decoded key strings and event times already in memory; best of 3 runs. Building
+  the numpy arrays from the decoded lists is `numpy_convert_seconds`, not included. This is the
+  floor of what the agent's aggregation could cost, not a competitor: no Kafka, no state kept
+  between batches, no output. `numpy_mismatched_keys`: keys whose count, mean gap or CV differ
+  from the agent's emitted rates (0: both computed the same answer).
+- `ratio` = `events_per_s` / `raw_events_per_s`; `ratio_numpy` = `events_per_s` /
+  `numpy_events_per_s`.
+One run each, on a shared machine: ratios matter more than absolutes.
 """
 
 from __future__ import annotations
@@ -20,6 +56,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +74,11 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config, producer_config
 from cacheroute.loopback import free_port, scrape_metrics
 from cacheroute.progress import progress_bar
-from cacheroute.schemas import KeyRate, RequestBatch, codec_for
+from cacheroute.schemas import KeyRate, RequestBatch, codec_for, decode_any
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 
-__all__ = ["bench_streams"]
+__all__ = ["KeyAggregates", "aggregate_per_key", "bench_streams"]
 
 WINDOW_MS = 60_000
 GRACE_MS = 5_000
@@ -84,41 +123,159 @@ def _preload(
     return len(set(ids)), int(stats.batches_sent)
 
 
-def _raw_read(settings: Settings, expected_events: int, progress: Progress) -> tuple[float, int]:
+@dataclass(frozen=True)
+class KeyAggregates:
+    """Per-key figures of one window: `keys` ascending, the others aligned with it."""
+
+    keys: np.ndarray
+    counts: np.ndarray
+    """Events per key (int64)."""
+    mean_gap_ms: np.ndarray
+    """Mean inter-arrival gap (float64): (last - first) / (count - 1); NaN below 2 events."""
+    cv: np.ndarray
+    """Std/mean of the gaps (population std, float64); NaN below 3 events or a zero mean."""
+
+
+def aggregate_per_key(keys: np.ndarray, times_ms: np.ndarray) -> KeyAggregates:
+    """The numpy baseline: group events by key and aggregate, no Kafka, no Faust, no state.
+
+    `keys` (any sortable dtype, e.g. the decoded key strings) and `times_ms` (int) are one event
+    per element, in any order. Sorting by (key, time) gives each key's merged stream in time order,
+    the stream whose gaps the agent's estimator measures (streams/keyagg.py): the mean gap is
+    (last - first) / (count - 1), the CV is the population std of the gaps over their mean.
+    """
+    n = len(keys)
+    if n == 0:
+        empty = np.empty(0)
+        return KeyAggregates(keys[:0], np.empty(0, np.int64), empty, empty.copy())
+    order = np.lexsort((times_ms, keys))
+    k = keys[order]
+    t = np.asarray(times_ms)[order].astype(np.int64)
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(k[1:], k[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    groups = len(starts)
+    counts = np.diff(np.append(starts, n)).astype(np.int64)
+    same = ~first[1:]  # gap i (between events i and i+1) lies inside one key
+    gap_group = (np.cumsum(first) - 1)[1:][same]
+    gaps = np.diff(t)[same].astype(np.float64)
+    ngaps = counts - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.bincount(gap_group, weights=gaps, minlength=groups) / ngaps
+        dev = gaps - mean[gap_group]
+        var = np.bincount(gap_group, weights=dev * dev, minlength=groups) / ngaps
+        cv = np.sqrt(var) / mean
+    mean[ngaps < 1] = np.nan
+    cv[(ngaps < 2) | ~(mean > 0)] = np.nan
+    return KeyAggregates(k[starts], counts, mean, cv)
+
+
+@dataclass
+class _RawRead:
+    seconds: float = 0.0
+    fetch_s: float = 0.0
+    decode_s: float = 0.0
+    cpu_s: float = 0.0
+    messages: int = 0
+    events: int = 0
+    key_cols: list[list[str]] = field(default_factory=list)
+    time_cols: list[list[int]] = field(default_factory=list)
+
+
+def _raw_read(settings: Settings, expected_events: int, progress: Progress) -> _RawRead:
+    """The plain-consumer baseline (see the module docstring for what its clock covers)."""
     topic = settings.topics["requests"]
-    consumer = Consumer(consumer_config(settings, group_id=f"bench-raw-{uuid.uuid4().hex}"))
-    decode = codec_for(RequestBatch).decode
+    config = consumer_config(settings, group_id=f"bench-raw-{uuid.uuid4().hex}")
+    config["enable.partition.eof"] = True  # the stop condition; consumer_config sets it too
+    # librdkafka reports EOF only from a fetch *at* the end offset, which the broker holds up to
+    # fetch.wait.max.ms (500 ms by default) for data that never comes: an idle wait at the end of
+    # the clock. Data already in the log is returned at once whatever this setting.
+    config["fetch.wait.max.ms"] = 10
+    consumer = Consumer(config)
     parts = [TopicPartition(topic, p, 0) for p in range(settings.requests_partitions)]
     ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
-    consumer.assign(parts)
     task = progress.add_task("baseline: plain consumer + decode", total=expected_events)
-    seen = messages = 0
-    done: set[int] = {p for p, end in ends.items() if end == 0}
-    began: float | None = None  # from the first message, as for the agent: no connect time
     try:
-        while len(done) < len(parts):
-            for msg in consumer.consume(num_messages=500, timeout=1.0):
-                if began is None:
-                    began = time.perf_counter()
-                err = msg.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise CacheRouteError(f"baseline consumer: {err}")
-                    continue
-                seen += len(decode(msg.value()).keys)
-                messages += 1
-                if (msg.offset() or 0) >= ends[msg.partition() or 0] - 1:
-                    done.add(msg.partition() or 0)
-            progress.update(task, completed=seen)
-        elapsed = time.perf_counter() - (began or time.perf_counter())
+        return _read_to_eof(
+            consumer, parts, ends, lambda seen: progress.update(task, completed=seen)
+        )
     finally:
         consumer.close()
-    return elapsed, messages
+
+
+def _read_to_eof(
+    consumer: Consumer,
+    parts: list[TopicPartition],
+    ends: dict[int, int],
+    report: Callable[[int], object],
+) -> _RawRead:
+    """Assign `parts`, read and decode until each has reported EOF at its end offset; timed."""
+    out = _RawRead()
+    eofs: dict[int, int] = {}  # partition -> EOFs reported (at any offset)
+    done: set[int] = set()  # partitions that reported EOF at their end offset
+    consume, poll, clock = consumer.consume, consumer.poll, time.perf_counter
+    deadline = time.monotonic() + 600
+    cpu0 = time.process_time()
+    began = clock()
+    consumer.assign(parts)
+    while len(done) < len(parts):
+        t0 = clock()
+        batch = consume(num_messages=500, timeout=0)  # what is queued now, no waiting
+        if not batch:  # nothing queued: block until the first message or EOF arrives
+            msg = poll(1.0)
+            batch = [] if msg is None else [msg]
+        out.fetch_s += clock() - t0
+        for msg in batch:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise CacheRouteError(f"baseline consumer: {err}")
+                p = msg.partition() or 0
+                eofs[p] = eofs.get(p, 0) + 1
+                if (msg.offset() or 0) >= ends[p]:
+                    done.add(p)
+                continue
+            d0 = clock()
+            record = decode_any(
+                msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()
+            )
+            out.decode_s += clock() - d0
+            if not isinstance(record, RequestBatch):
+                raise CacheRouteError(f"baseline: a {type(record).__name__} on {msg.topic()}")
+            out.key_cols.append(record.keys)
+            out.time_cols.append(record.event_time_ms)
+            out.events += len(record.keys)
+            out.messages += 1
+        if time.monotonic() > deadline:
+            raise CacheRouteError(f"baseline: not every partition reached EOF in 600 s ({eofs})")
+        report(out.events)
+    out.seconds = clock() - began
+    out.cpu_s = time.process_time() - cpu0
+    return out
+
+
+@dataclass
+class _AgentRun:
+    seconds: float
+    ingest_seconds: float | None
+    events_before_clock: int
+    cpu_s: float | None
+    metrics: dict[str, float]
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc), None where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _run_agent(
-    settings: Settings, expected_rates: int, home: Path, progress: Progress
-) -> tuple[float, dict[str, float], str]:
+    settings: Settings, expected_events: int, expected_rates: int, home: Path, progress: Progress
+) -> _AgentRun:
     port = free_port()
     log = home / "worker.log"
     argv = [
@@ -152,6 +309,9 @@ def _run_agent(
             start_new_session=True,
         )
     first: float | None = None
+    before = 0
+    ingested: float | None = None
+    cpu0: float | None = None
     metrics: dict[str, float] = {}
     try:
         deadline = time.monotonic() + 600
@@ -162,10 +322,17 @@ def _run_agent(
             now = time.perf_counter()
             if first is None and metrics.get("cacheroute_streams_batches_total", 0) > 0:
                 first = now
+                cpu0 = _cpu_seconds(proc.pid)
+                before = int(metrics.get("cacheroute_streams_events_accepted_total", 0))
             emitted = metrics.get("cacheroute_streams_rates_emitted_total", 0)
             progress.update(task, completed=emitted)
+            accepted = metrics.get("cacheroute_streams_events_accepted_total", 0)
+            if first is not None and ingested is None and accepted >= expected_events:
+                ingested = now - first
             if first is not None and emitted >= expected_rates:
-                return now - first, metrics, log.read_text(errors="replace")[-2000:]
+                cpu1 = _cpu_seconds(proc.pid)
+                cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+                return _AgentRun(now - first, ingested, before, cpu, metrics)
             time.sleep(0.02)
         raise CacheRouteError(f"the agent did not emit all rates in 600 s; see {log}")
     finally:
@@ -177,23 +344,69 @@ def _run_agent(
             proc.wait(timeout=10)
 
 
-def _rates_total(settings: Settings, expected_rates: int) -> int:
+def _agent_rates(settings: Settings, expected_rates: int) -> dict[tuple[str, int], KeyRate]:
+    """The latest `KeyRate` per (key, window) on the rates topic."""
     topic = settings.topics["rates"]
     consumer = Consumer(consumer_config(settings, group_id=f"bench-rates-{uuid.uuid4().hex}"))
     meta = consumer.list_topics(topic, timeout=10)
     consumer.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
     decode = codec_for(KeyRate).decode
-    latest: dict[tuple[str, int], int] = {}
+    latest: dict[tuple[str, int], KeyRate] = {}
     deadline = time.monotonic() + 60
     try:
         while len(latest) < expected_rates and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
                 if msg.error() is None:
                     r = decode(msg.value())
-                    latest[(r.key, r.window_start_ms)] = r.count
+                    latest[(r.key, r.window_start_ms)] = r
     finally:
         consumer.close()
-    return sum(latest.values())
+    return latest
+
+
+def _numpy_baseline(raw: _RawRead, repeats: int = 3) -> tuple[KeyAggregates, float, float]:
+    """(aggregates, best aggregation seconds of `repeats`, seconds to build the arrays)."""
+    began = time.perf_counter()
+    keys = np.array(list(chain.from_iterable(raw.key_cols)))
+    times = np.fromiter(chain.from_iterable(raw.time_cols), dtype=np.int64, count=raw.events)
+    convert_s = time.perf_counter() - began
+    best = float("inf")
+    agg = aggregate_per_key(keys, times)
+    for _ in range(repeats):
+        began = time.perf_counter()
+        agg = aggregate_per_key(keys, times)
+        best = min(best, time.perf_counter() - began)
+    return agg, best, convert_s
+
+
+def _mismatches(agg: KeyAggregates, rates: dict[tuple[str, int], KeyRate]) -> int:
+    """Keys whose count, mean gap or CV differ between the numpy baseline and the agent."""
+    by_key: dict[str, list[KeyRate]] = {}
+    for (key, _), rate in rates.items():
+        by_key.setdefault(key, []).append(rate)
+
+    def same(ours: float, theirs: float | None) -> bool:
+        if theirs is None or np.isnan(ours):
+            return theirs is None and bool(np.isnan(ours))
+        return bool(abs(ours - theirs) <= 1e-6 * max(abs(theirs), 1.0))
+
+    bad = len(set(by_key) - {str(k) for k in agg.keys.tolist()})
+    for key, count, mean, cv in zip(
+        agg.keys.tolist(),
+        agg.counts.tolist(),
+        agg.mean_gap_ms.tolist(),
+        agg.cv.tolist(),
+        strict=True,
+    ):
+        theirs = by_key.get(str(key), [])
+        if not (
+            len(theirs) == 1
+            and theirs[0].count == count
+            and same(mean, theirs[0].interarrival_mean_ms)
+            and same(cv, theirs[0].interarrival_cv)
+        ):
+            bad += 1
+    return bad
 
 
 def bench_streams(
@@ -218,9 +431,12 @@ def bench_streams(
                 bench_settings, events, keys, seed=seed, t0=t0, progress=progress
             )
             result["preload_s"] = round(time.perf_counter() - began, 3)
-            raw_s, raw_messages = _raw_read(bench_settings, events, progress)
-            agent_s, metrics, _ = _run_agent(bench_settings, distinct, Path(tmp), progress)
-        counted = _rates_total(bench_settings, distinct)
+            raw = _raw_read(bench_settings, events, progress)
+            agent = _run_agent(bench_settings, events, distinct, Path(tmp), progress)
+        rates = _agent_rates(bench_settings, distinct)
+        agg, numpy_s, convert_s = _numpy_baseline(raw)
+        raw.key_cols.clear()  # the decoded columns: about 100 MB at a million events
+        raw.time_cols.clear()
         emit = bench_emitter(events=min(events, 300_000), keys=keys, seed=seed)
     finally:
         admin = make_admin(bench_settings)
@@ -228,19 +444,41 @@ def bench_streams(
         if ours:
             for fut in admin.delete_topics(ours, operation_timeout=30).values():
                 fut.result(timeout=30)
+    counted = sum(r.count for r in rates.values())
+    agent_eps = (events - agent.events_before_clock) / agent.seconds
+    raw_eps = events / raw.seconds
+    numpy_eps = events / numpy_s
     result.update(
         {
             "partitions": bench_settings.requests_partitions,
             "messages": messages,
             "batch_size": round(events / max(messages, 1), 1),
             "distinct_keys": distinct,
-            "events_per_s": round(events / agent_s),
-            "agent_seconds": round(agent_s, 3),
-            "raw_events_per_s": round(events / raw_s),
-            "raw_seconds": round(raw_s, 3),
-            "raw_messages": raw_messages,
-            "ratio": round((events / agent_s) / (events / raw_s), 3),
-            "rates_emitted": int(metrics.get("cacheroute_streams_rates_emitted_total", 0)),
+            "events_per_s": round(agent_eps),
+            "agent_seconds": round(agent.seconds, 3),
+            "agent_ingest_seconds": None
+            if agent.ingest_seconds is None
+            else round(agent.ingest_seconds, 3),
+            "agent_events_before_clock": agent.events_before_clock,
+            "agent_cpu_seconds": None if agent.cpu_s is None else round(agent.cpu_s, 3),
+            "agent_flush_seconds": round(
+                agent.metrics.get("cacheroute_streams_flush_seconds_sum", 0.0), 3
+            ),
+            "raw_events_per_s": round(raw_eps),
+            "raw_seconds": round(raw.seconds, 3),
+            "raw_fetch_seconds": round(raw.fetch_s, 3),
+            "raw_decode_seconds": round(raw.decode_s, 3),
+            "raw_cpu_seconds": round(raw.cpu_s, 3),
+            "raw_messages": raw.messages,
+            "raw_events": raw.events,
+            "numpy_events_per_s": round(numpy_eps),
+            "numpy_seconds": round(numpy_s, 4),
+            "numpy_convert_seconds": round(convert_s, 3),
+            "numpy_keys": len(agg.keys),
+            "numpy_mismatched_keys": _mismatches(agg, rates),
+            "ratio": round(agent_eps / raw_eps, 3),
+            "ratio_numpy": round(agent_eps / numpy_eps, 3),
+            "rates_emitted": int(agent.metrics.get("cacheroute_streams_rates_emitted_total", 0)),
             "events_counted": counted,
             "exact": counted == events,
             "emit_ns": emit.get("emit_ns"),
