@@ -38,7 +38,7 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.loopback import free_port
 from cacheroute.serve import loop_factory
 
-__all__ = ["GatewayBench", "run_gateway_bench"]
+__all__ = ["GatewayBench", "run_gateway_bench", "wait_healthy"]
 
 _MODEL = "cacheroute-sim"
 _SYSTEM = "You are a helpful assistant for a large software company. Answer briefly. " * 12
@@ -70,7 +70,7 @@ def _body(i: int, *, stream: bool, tokens: int) -> bytes:
     )
 
 
-def _wait_healthy(child: Child, port: int, path: str = "/health", timeout: float = 30.0) -> None:
+def wait_healthy(child: Child, port: int, path: str = "/health", timeout: float = 30.0) -> None:
     """Wait until `child` answers 200 on `path` (the gateway: /ready with every backend up)."""
     deadline = time.monotonic() + timeout
     last = ""
@@ -229,10 +229,10 @@ def run_gateway_bench(
             for e, port in enumerate(ports):
                 argv += ["--backend", f"e{e}=http://127.0.0.1:{port}"]
             for child, port in zip(children, ports, strict=True):
-                _wait_healthy(child, port)
+                wait_healthy(child, port)
             gw = start_child("gateway", argv, logs / "gateway.log")
             children.append(gw)
-            _wait_healthy(gw, gw_port, "/ready")
+            wait_healthy(gw, gw_port, "/ready")
             say("measuring ...")
             try:
                 runner_result: dict[str, Any] = _run(_measure(gw_port, ports[0], cfg, say))

@@ -2,7 +2,9 @@
 
 Synthetic gateways (real `Dispatcher` + `Emitter`, simulated prefix caches) -> `requests` ->
 streams agent -> `rates` -> planner -> `plans` -> the gateways' dispatchers, with a live terminal
-view. See cacheroute.demo.run for what it starts and how it cleans up.
+view. With --http the gateways are real `cacheroute gateway` processes in front of `cacheroute
+engine` stand-ins, driven over HTTP by a load generator. See cacheroute.demo.run for what it
+starts and how it cleans up.
 """
 
 from __future__ import annotations
@@ -29,8 +31,18 @@ __all__ = ["demo"]
     help="Planner control interval (s); also the streams window.",
 )
 @click.option("--gateways", default=2, show_default=True, type=click.IntRange(min=1, max=8))
-@click.option("--destinations", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--rate", default=2000.0, show_default=True, help="Total requests/s offered.")
+@click.option(
+    "--destinations",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Simulated destinations [8]; with --http the engines are the destinations.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Total requests/s offered [2000; with --http 150].",
+)
 @click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
 @click.option("--q-cap", default=4.0, show_default=True, help="Planner q_cap (req/s per replica).")
 @click.option("--warm-slots", default=64, show_default=True, type=click.IntRange(min=0))
@@ -40,6 +52,18 @@ __all__ = ["demo"]
     "max_plan_age_s",
     type=float,
     help="Planner --max-plan-age (s) [planner default: 10 intervals].",
+)
+@click.option(
+    "--http",
+    is_flag=True,
+    help="Real gateways and engine stand-ins over HTTP, driven by a load generator.",
+)
+@click.option(
+    "--engines",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1, max=32),
+    help="With --http: engine stand-ins (the plan's destinations d0..).",
 )
 @click.option("--no-broker", is_flag=True, help="Use the broker at --bootstrap; do not start one.")
 @click.option("--headless", is_flag=True, help="No live view; progress lines on stderr.")
@@ -53,13 +77,15 @@ def demo(
     duration_s: float,
     interval_s: float,
     gateways: int,
-    destinations: int,
-    rate: float,
+    destinations: int | None,
+    rate: float | None,
     keys: int,
     q_cap: float,
     warm_slots: int,
     cache_blocks: int,
     max_plan_age_s: float | None,
+    http: bool,
+    engines: int,
     no_broker: bool,
     headless: bool,
     as_json: bool,
@@ -72,11 +98,26 @@ def demo(
     through real dispatchers (following the plans topic) and emitters against a simulated cluster
     (block LRU prefix cache per destination). Ends after --duration or on Ctrl-C: stops everything
     it started (the broker only if it started it) and deletes its topics unless --keep-topics.
+
+    With --http: --engines `cacheroute engine` stand-ins (the destinations; cache --cache-blocks
+    blocks of 256 tokens each) and --gateways real `cacheroute gateway` processes on 127.0.0.1,
+    driven round-robin over HTTP by a load generator replaying the same workload at --rate
+    (default 150 req/s, what a 2-core machine sustains). The view adds TTFT per gateway, each
+    engine's own prefix-cache hit rate and the hit rate Flat-LB (power-of-two-choices) would have
+    had on the same requests (a shadow simulated cluster).
     """
     from cacheroute.demo.run import DemoOptions, run_demo, write_json  # noqa: PLC0415
 
     if interval_s < 1:
         raise click.BadParameter("must be >= 1 s", param_hint="--interval")
+    if http and destinations is not None and destinations != engines:
+        raise click.BadParameter(
+            "with --http the engines are the destinations: give --engines",
+            param_hint="--destinations",
+        )
+    if http:
+        destinations = engines
+    default_rate = 150.0 if http else 2000.0
     console = Console(stderr=True)
     started: LocalBroker | None = None
     security = settings.kafka_security
@@ -96,8 +137,8 @@ def demo(
         duration_s=duration_s,
         interval_s=interval_s,
         gateways=gateways,
-        destinations=destinations,
-        rate=rate,
+        destinations=8 if destinations is None else destinations,
+        rate=default_rate if rate is None else rate,
         keys=keys,
         q_cap=q_cap,
         warm_slots=warm_slots,
@@ -105,6 +146,8 @@ def demo(
         max_plan_age_s=max_plan_age_s,
         live=not headless,
         keep_topics=keep_topics,
+        http=http,
+        engines=engines,
     )
     try:
         summary = run_demo(settings, options, console)

@@ -617,12 +617,19 @@ class _Case:
 _FLEET_POLICIES = "flat-lb,sticky,chwbl,sglang,preble,cacheroute"
 _MOONCAKE = Path("tests/data/traces/mooncake_arxiv_1000.jsonl")
 _AZURE = Path("tests/data/traces/azure_llm_2023_conv_3000.csv")
+_CONV_TRACE = Path("tests/data/traces/conversation_mooncake_6000.jsonl")
 _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     ("Whale workload", "whale", "whale", None),
     ("Paper-like workload", "paper", "paper", None),
     ("Conversation workload (long context, multi-turn)", "conversation", "conversation", None),
     ("Mooncake arXiv trace (1,000 production requests, tiled)", "mooncake", None, _MOONCAKE),
     ("Azure conversation trace (3,000 requests, synthetic keys, tiled)", "azure", None, _AZURE),
+    (
+        "Conversation trace in Mooncake format (block ids only, session keys, tiled)",
+        "conv-trace",
+        None,
+        _CONV_TRACE,
+    ),
 )
 
 
@@ -635,6 +642,8 @@ def _fleet_cases() -> tuple[_Case, ...]:
                 options += (("policies", _FLEET_POLICIES, ""),)
             else:  # the whale run at G = 1 is the full ablation, with the cluster-size sweep
                 options += (("cluster_sizes", "8,30,60", "--cluster-sizes 8,30,60"),)
+            if prefix == "conv-trace":
+                options += (("key_blocks", SESSION_KEYS, "--key-blocks session"),)
             cases.append(
                 _Case(
                     f"{title}, G = {g}",

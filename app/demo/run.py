@@ -1,9 +1,14 @@
 """The live demo's conductor: topics, streams worker, planner, gateways, live view, clean-up.
 
-Everything it starts it stops again by pid (SIGTERM, then SIGKILL), in `finally`: the gateways
-first (they flush their emitters), then the planner and the streams worker; its run topics are
-deleted at the end unless asked to keep them. The broker is started (and stopped) by the CLI
-command, never here.
+Two modes. In-process (the default): G demo gateway processes replay the workload through real
+dispatchers and emitters against a simulated cluster (cacheroute.demo.gateway). HTTP (`http`):
+R engine stand-ins, G real `cacheroute gateway` processes and a load generator that replays the
+same workload over HTTP (cacheroute.demo.httpmode, cacheroute.demo.httpload).
+
+Everything it starts it stops again by pid (SIGTERM, then SIGKILL), in `finally`: the load
+generator first (so no request meets a stopping gateway), then the gateways (they flush their
+emitters), then the engines, the planner and the streams worker; its run topics are deleted at the
+end unless asked to keep them. The broker is started (and stopped) by the CLI command, never here.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cacheroute.demo import httpmode
 from cacheroute.demo.procs import Child, start_child
 from cacheroute.kafkaio import consumer_config
 from cacheroute.loopback import free_port, scrape_metrics
@@ -66,6 +72,10 @@ class DemoOptions:
     """Planner's --max-plan-age (None: the planner's default, 10 intervals)."""
     live: bool = True
     keep_topics: bool = False
+    http: bool = False
+    """Real gateways and engine stand-ins over HTTP instead of the in-process gateways; the
+    engines are the destinations (`destinations` must equal `engines`)."""
+    engines: int = 4
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
 
 
@@ -82,6 +92,10 @@ class _State:
     events_per_s: float = 0.0
     dead_letters: int = 0
     failed: str | None = None
+    loadgen: dict[str, Any] = field(default_factory=dict)
+    """HTTP mode: the load generator's last stats line."""
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)
+    """HTTP mode: each engine's last scraped counters."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -102,6 +116,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     state = _State()
     children: list[Child] = []
     follower: PlanFollower | None = None
+    cluster: httpmode.HttpCluster | None = None
     interrupted = False
     started = time.monotonic()
     # SIGTERM (kill, a supervisor) and SIGHUP (terminal closed) stop the demo like Ctrl-C, so the
@@ -166,7 +181,32 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                 run_dir / "planner.log",
             )
         )
-        for g in range(options.gateways):
+        if options.http:
+            cluster = httpmode.start_cluster(
+                engines=options.engines,
+                gateways=options.gateways,
+                cache_blocks=options.cache_blocks,
+                bootstrap=settings.bootstrap,
+                prefix=prefix,
+                run_dir=run_dir,
+                children=children,
+            )
+            console.print(
+                f"engines ready: {', '.join(f'{e}=:{p}' for e, p in cluster.engines.items())}; "
+                f"gateways ready: {', '.join(f'{g}=:{p}' for g, p in cluster.gateways.items())}"
+            )
+            children.append(
+                httpmode.start_loadgen(
+                    cluster,
+                    rate=options.rate,
+                    keys=options.keys,
+                    cache_blocks=options.cache_blocks,
+                    duration_s=options.duration_s + 60,
+                    run_dir=run_dir,
+                    on_line=_loadgen_reader(state),
+                )
+            )
+        for g in range(0 if options.http else options.gateways):
             gw = f"gw-{g}"
             children.append(
                 start_child(
@@ -220,7 +260,15 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         dlq = Consumer(consumer_config(run_settings, group_id=f"demo-{options.run_id}-dlq"))
         try:
             interrupted = _watch(
-                state, options, children, streams_port, planner_port, dlq, run_settings, console
+                state,
+                options,
+                children,
+                streams_port,
+                planner_port,
+                dlq,
+                run_settings,
+                console,
+                cluster,
             )
         finally:
             dlq.close()
@@ -230,6 +278,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         _shutdown(
             children,
             follower,
+            before_gateways=None
+            if cluster is None
+            else lambda: _poll_http(state, cluster, final=True),
             options=options,
             run_settings=run_settings,
             console=console,
@@ -242,17 +293,22 @@ def _shutdown(
     children: list[Child],
     follower: PlanFollower | None,
     *,
+    before_gateways: Callable[[], None] | None,
     options: DemoOptions,
     run_settings: Settings,
     console: Console,
     saved: dict[signal.Signals, Any],
 ) -> None:
-    """Stop every child by pid, close the view's follower, delete the run topics."""
+    """Stop every child by pid, close the view's follower, delete the run topics.
+
+    `before_gateways` runs once the load generator is stopped and the gateways still answer
+    (HTTP mode: the last scrape of their counters)."""
     shield = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
     for sig in saved:  # cleanup must not be cut short by a second signal
         signal.signal(sig, signal.SIG_IGN)
     console.print("stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in children))
+    _stop_load(children, before_gateways, console)
     gateways = [c for c in children if c.name.startswith("gw-")]
     for c in gateways:  # all at once: each flushes its emitter on SIGTERM
         if c.alive():
@@ -270,6 +326,50 @@ def _shutdown(
         signal.signal(signal.SIGINT, previous)
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+def _stop_load(
+    children: list[Child], before_gateways: Callable[[], None] | None, console: Console
+) -> None:
+    """HTTP mode: stop the load generator first (no request meets a stopping gateway; it drains
+    for up to 3 s and reports), then let `before_gateways` scrape what the gateways counted."""
+    for c in children:
+        if c.name == "loadgen":
+            c.stop(timeout=20.0)
+    if before_gateways is not None:
+        try:
+            before_gateways()
+        except Exception as exc:  # a last scrape is not worth leaving processes behind
+            console.print(f"[yellow]last scrape of the gateways failed: {exc}[/]")
+
+
+def _loadgen_reader(state: _State) -> Callable[[bytes], None]:
+    """HTTP mode: keep the load generator's last stats line."""
+
+    def on_line(line: bytes) -> None:
+        try:
+            stats = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(stats, dict) and stats.get("loadgen"):
+            with state.lock:
+                state.loadgen = stats
+
+    return on_line
+
+
+def _poll_http(state: _State, cluster: httpmode.HttpCluster, *, final: bool = False) -> None:
+    """HTTP mode: scrape the gateways and the engines into the per-gateway stats."""
+    gws, engines = httpmode.poll(cluster)
+    with state.lock:
+        per_gateway = state.loadgen.get("gateways", {})
+        for g, scraped in gws.items():
+            state.gateways[g] = httpmode.merge_gateway(
+                cluster, g, scraped, per_gateway.get(g), state.gateways.get(g), final=final
+            )
+        for e, m in engines.items():
+            if m:  # an engine that did not answer keeps its last counters
+                state.engines[e] = m
 
 
 def _gateway_reader(state: _State) -> Callable[[bytes], None]:
@@ -294,6 +394,7 @@ def _watch(  # noqa: PLR0912, PLR0917 - the conductor's loop takes the run's par
     dlq: Consumer,
     settings: Settings,
     console: Console,
+    cluster: httpmode.HttpCluster | None = None,
 ) -> bool:
     """Poll metrics once a second and draw the view until the duration is over; True on Ctrl-C."""
     deadline = time.monotonic() + options.duration_s
@@ -314,6 +415,8 @@ def _watch(  # noqa: PLR0912, PLR0917 - the conductor's loop takes the run's par
                     console.print(f"[red]{c.name} exited ({c.proc.returncode})[/]:\n{c.tail()}")
                     state.failed = c.name
                     return False
+            if cluster is not None:
+                _poll_http(state, cluster)
             streams = scrape_metrics(streams_port, STREAMS_METRICS, timeout=1.0)
             planner = scrape_metrics(planner_port, PLANNER_METRICS, timeout=1.0)
             dead = 0
@@ -357,10 +460,13 @@ def _progress_line(state: _State, left: float) -> str:
             f"{s.get('routed_by_plan')}"
             for g, s in sorted(state.gateways.items())
         )
-        return (
+        line = (
             f"[{left:5.0f}s left] plan versions {len(state.plan_versions)}, "
             f"events/s {state.events_per_s:.0f}, dead letters {state.dead_letters}; {gws}"
         )
+        if state.loadgen:
+            line += "; " + httpmode.summary_line(state.loadgen, state.engines).plain
+        return line
 
 
 def _fmt(x: float | None, spec: str = ".1f", none: str = "-") -> str:
@@ -378,6 +484,7 @@ def _view(state: _State, options: DemoOptions, left: float) -> Group:
         planner = dict(state.planner)
         moved = list(state.moved[-6:])
         eps, dead = state.events_per_s, state.dead_letters
+        loadgen, engines = dict(state.loadgen), dict(state.engines)
     head = Text()
     if live is None:
         head.append("plan: none yet (the first window must close first)\n", style="yellow")
@@ -405,15 +512,22 @@ def _view(state: _State, options: DemoOptions, left: float) -> Group:
     dest.add_column("dest")
     dest.add_column("expected req/s (plan)", justify="right")
     dest.add_column("observed req/s (gateways)", justify="right")
+    if options.http:
+        for col in ("engine hit rate", "served", "running/waiting"):
+            dest.add_column(col, justify="right")
+    engine_cells = httpmode.engine_rows(engines)
     for i in range(options.destinations):
         expected = None
         if live is not None and i < len(live.plan.loads):
             expected = float(live.plan.loads[i])
         observed = sum(float(s.get("load", [0.0] * (i + 1))[i]) for s in gws.values())
-        dest.add_row(f"d{i}", _fmt(expected), f"{observed:.1f}")
+        extra = engine_cells.get(f"d{i}", ("-", "-", "-")) if options.http else ()
+        dest.add_row(f"d{i}", _fmt(expected), f"{observed:.1f}", *extra)
 
     gwt = Table(
-        title="gateways (served prefix-cache hit rate, token-weighted)", title_justify="left"
+        title="gateways (served prefix-cache hit rate, token-weighted"
+        + (", as the engines reported it)" if options.http else ")"),
+        title_justify="left",
     )
     for col in (
         "gateway",
@@ -424,10 +538,13 @@ def _view(state: _State, options: DemoOptions, left: float) -> Group:
         "stale",
         "hit rate",
         "last 1 s",
-        "plan-routed",
-        "other",
     ):
         gwt.add_column(col, justify="right")
+    if options.http:  # the gateway does not split its hit rate by route kind; TTFT instead
+        httpmode.ttft_columns(gwt)
+    else:
+        gwt.add_column("plan-routed", justify="right")
+        gwt.add_column("other", justify="right")
     for g, s in sorted(gws.items()):
         routed = int(s.get("routed", 0))
         by_plan = int(s.get("routed_by_plan", 0))
@@ -440,9 +557,14 @@ def _view(state: _State, options: DemoOptions, left: float) -> Group:
             str(s.get("route_kinds", {}).get("stale", 0)),
             _pct(s.get("hit_rate")),
             _pct(s.get("hit_rate_recent")),
-            _pct(s.get("hit_rate_plan")),
-            _pct(s.get("hit_rate_other")),
+            *(
+                httpmode.ttft_cells(s)
+                if options.http
+                else (_pct(s.get("hit_rate_plan")), _pct(s.get("hit_rate_other")))
+            ),
         )
+    if options.http:
+        return Group(head, httpmode.summary_line(loadgen, engines), dest, gwt)
     return Group(head, dest, gwt)
 
 
@@ -500,11 +622,24 @@ def _summary(  # noqa: PLR0917
                 "events_sent": s.get("events_sent", 0),
                 "load_total": s.get("load_total", []),
                 "final": bool(s.get("final", False)),
+                "ttft_p50_ms": s.get("ttft_p50_ms"),
+                "ttft_p99_ms": s.get("ttft_p99_ms"),
             }
             for g, s in sorted(state.gateways.items())
         ]
+        http = (
+            httpmode.http_summary(state.loadgen, state.engines)
+            if options.http
+            else {
+                "ttft_p50_ms": None,
+                "ttft_p99_ms": None,
+                "engine_hit_rate": None,
+                "flat_lb_hit_rate": None,
+            }
+        )
         return {
             "run_id": options.run_id,
+            "mode": "http" if options.http else "in-process",
             "topic_prefix": prefix,
             "observed_max_over_mean": _observed_max_over_mean(gateways),
             "seconds": round(seconds, 1),
@@ -524,6 +659,7 @@ def _summary(  # noqa: PLR0917
             "processes": [
                 {"name": c.name, "pid": c.pid, "returncode": c.proc.returncode} for c in children
             ],
+            **http,
         }
 
 
