@@ -1,10 +1,10 @@
 """`cacheroute demo`: the main job - the whole pipeline live on a local broker.
 
-Synthetic gateways (real `Dispatcher` + `Emitter`, simulated prefix caches) -> `requests` ->
-streams agent -> `rates` -> planner -> `plans` -> the gateways' dispatchers, with a live terminal
-view. With --http the gateways are real `cacheroute gateway` processes in front of `cacheroute
-engine` stand-ins, driven over HTTP by a load generator. See cacheroute.demo.run for what it
-starts and how it cleans up.
+Real `cacheroute gateway` processes in front of `cacheroute engine` stand-ins, driven over HTTP by
+a load generator -> `requests` -> streams agent -> `rates` -> planner -> `plans` -> the gateways'
+dispatchers, with a live terminal view. With --in-process the gateways instead replay the workload
+inside their processes (real `Dispatcher` + `Emitter`, simulated prefix caches) at a higher rate.
+See cacheroute.demo.run for what it starts and how it cleans up.
 """
 
 from __future__ import annotations
@@ -54,9 +54,11 @@ __all__ = ["demo"]
     help="Planner --max-plan-age (s) [planner default: 10 intervals].",
 )
 @click.option(
-    "--http",
-    is_flag=True,
-    help="Real gateways and engine stand-ins over HTTP, driven by a load generator.",
+    "--http/--in-process",
+    default=True,
+    show_default=True,
+    help="Real gateways and engine stand-ins over HTTP, driven by a load generator (default); "
+    "or gateways that replay the workload in-process against a simulated cluster.",
 )
 @click.option(
     "--engines",
@@ -91,20 +93,20 @@ def demo(
     as_json: bool,
     keep_topics: bool,
 ) -> None:
-    """Run the live demo: broker, topics, streams worker, planner and gateways, with a live view.
+    """Run the live demo: broker, topics, streams worker, planner, engines and gateways.
 
     Starts (or reuses) the local broker, creates topics under a fresh prefix `demo-<id>.`, runs a
-    faust rate worker, a planner and --gateways gateway processes that replay a paper-like workload
-    through real dispatchers (following the plans topic) and emitters against a simulated cluster
-    (block LRU prefix cache per destination). Ends after --duration or on Ctrl-C: stops everything
-    it started (the broker only if it started it) and deletes its topics unless --keep-topics.
+    faust rate worker and a planner, --engines `cacheroute engine` stand-ins (the destinations;
+    cache --cache-blocks blocks of 256 tokens each) and --gateways real `cacheroute gateway`
+    processes on 127.0.0.1 following the plans topic, driven round-robin over HTTP by a load
+    generator replaying a paper-like workload at --rate (default 150 req/s, what a 2-core machine
+    sustains). The live view shows TTFT per gateway, each engine's own prefix-cache hit rate and
+    the hit rate Flat-LB (power-of-two-choices) would have had on the same requests (a shadow
+    simulated cluster). Ends after --duration or on Ctrl-C: stops everything it started (the
+    broker only if it started it) and deletes its topics unless --keep-topics.
 
-    With --http: --engines `cacheroute engine` stand-ins (the destinations; cache --cache-blocks
-    blocks of 256 tokens each) and --gateways real `cacheroute gateway` processes on 127.0.0.1,
-    driven round-robin over HTTP by a load generator replaying the same workload at --rate
-    (default 150 req/s, what a 2-core machine sustains). The view adds TTFT per gateway, each
-    engine's own prefix-cache hit rate and the hit rate Flat-LB (power-of-two-choices) would have
-    had on the same requests (a shadow simulated cluster).
+    With --in-process: --gateways processes replay the workload through real dispatchers and
+    emitters against a simulated cluster (block LRU prefix cache per destination), at 2000 req/s.
     """
     from cacheroute.demo.run import DemoOptions, run_demo, write_json  # noqa: PLC0415
 

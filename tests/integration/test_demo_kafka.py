@@ -38,6 +38,7 @@ def test_headless_demo_plans_routes_and_cleans_up(settings: Settings, tmp_path: 
             "--home",
             str(tmp_path),
             "demo",
+            "--in-process",
             "--no-broker",
             "--headless",
             "--json",
