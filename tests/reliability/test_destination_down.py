@@ -5,8 +5,9 @@ held in flight. The health check of every gateway marks one destination down in 
 run, and the planner (not knowing yet) publishes a new version that still names it. What is lost:
 nothing — no route fails or returns an unknown destination, no request goes to the dead
 destination after `mark_down` returned, every admitted key stays inside its T(b) while a member of
-T(b) lives (and goes to a live destination by power-of-two-choices when none does), and the
-destination takes traffic again after `mark_up`.
+T(b) lives (and goes to a live destination by power-of-two-choices when none does) unless the
+dispatcher spilled it off an overloaded member (the cold path, which never picks a down
+destination either), and the destination takes traffic again after `mark_up`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Gateway:
     down_since: float | None = None  # perf_counter when mark_down returned
     up_begin: float = 0.0  # before mark_up was called
     up_since: float = 0.0  # when mark_up returned
-    log: list[tuple[float, int | None, str, str, int | None]] = field(default_factory=list)
+    log: list[tuple[float, int | None, str, str, int | None, bool]] = field(default_factory=list)
+    """(started, version before, key, destination, version after if unchanged, spilled)."""
     errors: list[BaseException] = field(default_factory=list)
 
 
@@ -57,15 +59,24 @@ def _drive(gw: Gateway, keys: list[str], stop: threading.Event) -> None:
         while not stop.is_set():
             for key in rng.sample(keys, 200):
                 before = d.version
+                spills = d.router.counts[RouteKind.SPILLED]
                 started = time.perf_counter()
                 i = d.route_index(key)
                 after = d.version
+                spilled = d.router.counts[RouteKind.SPILLED] != spills
                 d.acquire(i)
                 held.append(i)
                 while len(held) > rng.randint(0, 30):
                     d.release(held.pop(rng.randrange(len(held))))
                 gw.log.append(
-                    (started, before, key, d.router.names[i], after if after == before else None)
+                    (
+                        started,
+                        before,
+                        key,
+                        d.router.names[i],
+                        after if after == before else None,
+                        spilled,
+                    )
                 )
             time.sleep(0.001)
     except BaseException as exc:  # recorded and asserted on
@@ -146,7 +157,7 @@ def _verify(gw: Gateway, allowed: dict[int, dict[str, frozenset[str]]]) -> None:
     assert counts[RouteKind.PLAN_DOWN] > 0  # keys whose whole T(b) was DEAD
     assert sum(gw.dispatcher.router.inflight) == 0
     during = after_up = to_dead_while_down = checked = 0
-    for started, version, key, dest, same in gw.log:
+    for started, version, key, dest, same, spilled in gw.log:
         assert dest in NAMES
         down = gw.down_since < started < gw.up_begin
         up = started < gw.down_begin or started > gw.up_since
@@ -157,6 +168,8 @@ def _verify(gw: Gateway, allowed: dict[int, dict[str, frozenset[str]]]) -> None:
             after_up += dest == DEAD
         if not (up or down) or version is None or same is None:
             continue  # the live version changed during this very call
+        if spilled:  # an overloaded member: the cold path, which never picks a down destination
+            continue
         members = allowed[version].get(key)
         if members is None:
             continue  # cold key: power-of-two-choices
