@@ -546,8 +546,13 @@ def table_from_plan(
 ) -> RoutingTable:
     """A RoutingTable from a planner `Plan` (CSR arrays: keys, offsets, targets).
 
-    Vectorised with numpy and filled in slices of `yield_every` keys with `pause()` between them,
-    so a background build never holds the GIL for long.
+    numpy maps the plan's destination indices to this gateway's and finds each key's single
+    target (-1: several, or none known here) in one pass; the shard dicts are then filled in plan
+    order, `yield_every` keys at a time with `pause()` between slices (the dispatcher passes a GIL yield paced by time),
+    so a background build never holds the GIL for long. (Measured: bucketing the keys by shard
+    first and filling each shard with one `dict(zip(...))` is no faster - gathering the key
+    objects out of plan order misses the cache on every key.) A key listed twice (no planner
+    writes one) ends where its later occurrence says.
     """
     pause = pause or _no_pause
     names = [d.name for d in plan.destinations]
@@ -562,25 +567,26 @@ def table_from_plan(
     k = np.diff(offsets)
     keys = plan.keys
     step = yield_every or len(keys) or 1
+    single = np.full(len(keys), -1, dtype=np.int64)
     one = np.flatnonzero(k == 1)
-    one_target = targets[offsets[one]] if len(one) else np.zeros(0, np.int64)
-    keep = one_target >= 0
-    one_idx = one[keep]
-    one_val = one_target[keep]
+    if len(one):
+        single[one] = targets[offsets[one]]
     pause()
     shards = _empty_shards()
-    for lo in range(0, len(one_idx), step):
-        idx = one_idx[lo : lo + step].tolist()
-        for key, t in zip([keys[i] for i in idx], one_val[lo : lo + step].tolist(), strict=True):
-            shards[hash(key) & SHARD_MASK][key] = t
+    for lo in range(0, len(keys), step):
+        for key, t in zip(keys[lo : lo + step], single[lo : lo + step].tolist(), strict=True):
+            if t >= 0:
+                shards[hash(key) & SHARD_MASK][key] = t
         pause()
     multi: dict[str, tuple[int, ...]] = {}
-    for i in np.flatnonzero(k > 1).tolist():
+    for n, i in enumerate(np.flatnonzero(k > 1).tolist(), start=1):
         idx = tuple(t for t in targets[offsets[i] : offsets[i + 1]].tolist() if t >= 0)
         if len(idx) == 1:
             shards[hash(keys[i]) & SHARD_MASK][keys[i]] = idx[0]
         elif idx:
             multi[keys[i]] = idx
+        if n % step == 0:
+            pause()
     unknown = frozenset(n for n in names if n not in local)
     planned = set(names)
     unplanned = frozenset(d for d in gateway_destinations if d not in planned)

@@ -33,11 +33,11 @@ from cacheroute.planner.plan import Plan
 from cacheroute.planner.protocol import (
     chunk_checksum,
     chunk_problem,
-    decode_chunks,
+    decode_chunk_columns,
     header_problem,
     parse_key,
     peek_chunk,
-    plan_from_records,
+    plan_from_columns,
 )
 from cacheroute.schemas import PlanHeader, SchemaError, codec_for
 
@@ -307,8 +307,8 @@ class PlanAssembler:
         try:
             if self._pause is not None:
                 self._pause()  # after the checksum pass
-            decoded = decode_chunks(header, values, pause=self._pause)
-            plan = plan_from_records(header, decoded, pause=self._pause)
+            decoded = decode_chunk_columns(header, values, pause=self._pause)
+            plan = plan_from_columns(header, decoded, pause=self._pause, distinct_keys=False)
         except PlannerError as exc:
             return Rejected(v, "invalid", f"version {v}: {exc}", where)
         except Exception as exc:  # untrusted bytes: whatever else breaks, the version is invalid

@@ -35,6 +35,7 @@ from cacheroute.schemas import (
     SchemaError,
     codec_for,
 )
+from cacheroute.schemas.codec import PlanChunkColumns, decode_plan_chunk_columns
 
 __all__ = [
     "CHUNK_KEY_PREFIX",
@@ -54,12 +55,14 @@ __all__ = [
     "chunk_checksum",
     "chunk_key",
     "chunk_problem",
+    "decode_chunk_columns",
     "decode_chunks",
     "encode_plan",
     "header_for",
     "header_problem",
     "parse_key",
     "peek_chunk",
+    "plan_from_columns",
     "plan_from_records",
     "version_ceiling",
 ]
@@ -412,6 +415,47 @@ def decode_chunks(
     return out
 
 
+def decode_chunk_columns(
+    header: PlanHeader,
+    values: Sequence[bytes | bytearray | memoryview],
+    *,
+    pause: Callable[[], None] | None = None,
+) -> list[PlanChunkColumns]:
+    """`decode_chunks` for followers: numeric columns as numpy arrays (`plan_from_columns`).
+
+    Each chunk takes the columnar fast path (`decode_plan_chunk_columns`, about half the CPU of
+    fastavro here), and anything it does not accept is decoded by fastavro exactly as in
+    `decode_chunks`, with the same errors. `pause` runs after each chunk.
+    """
+    codec = codec_for(PlanChunk)
+    out: list[PlanChunkColumns] = []
+    for i, value in enumerate(values):
+        cols = decode_plan_chunk_columns(bytes(value))
+        if cols is None:
+            try:
+                c = codec.decode(value)
+            except SchemaError as exc:
+                raise ProtocolError(
+                    f"version {header.version}: chunk {i} does not decode: {exc}"
+                ) from exc
+            cols = _columns(c)
+        out.append(cols)
+        if pause is not None:
+            pause()
+    return out
+
+
+def _columns(c: PlanChunk) -> PlanChunkColumns:
+    return PlanChunkColumns(
+        c.version,
+        c.index,
+        c.keys,
+        np.asarray(c.replicas, np.int64),
+        np.asarray(c.targets, np.int64),
+        np.asarray(c.rates, np.float64),
+    )
+
+
 def _no_pause() -> None:
     return None
 
@@ -426,6 +470,21 @@ def plan_from_records(
 
     Raises ProtocolError when the records disagree with each other (count, version, index, key
     count, destination count) and PlannerError when the plan they describe breaks an invariant.
+    """
+    return plan_from_columns(header, [_columns(c) for c in chunks], pause=pause)
+
+
+def plan_from_columns(
+    header: PlanHeader,
+    chunks: Sequence[PlanChunkColumns],
+    *,
+    pause: Callable[[], None] | None = None,
+    distinct_keys: bool = True,
+) -> Plan:
+    """`plan_from_records` over decoded columns (`decode_chunk_columns`), with the same checks.
+
+    `distinct_keys=False` (what `PlanAssembler` passes for followers) skips checking that the
+    admitted keys are distinct: see `Plan.validate` for why a follower may.
     """
     v = header.version
     problem = header_problem(header)
@@ -445,13 +504,14 @@ def plan_from_records(
     for chunk in chunks:
         if not len(chunk.keys) == len(chunk.replicas) == len(chunk.rates):
             raise ProtocolError(f"version {v}: chunk {chunk.index} has columns of unequal length")
-        if sum(chunk.replicas) != len(chunk.targets):
+        total = int(chunk.replicas.sum())
+        if total != len(chunk.targets):
             raise ProtocolError(
-                f"version {v}: chunk {chunk.index}: replicas add up to {sum(chunk.replicas)}, "
+                f"version {v}: chunk {chunk.index}: replicas add up to {total}, "
                 f"targets has {len(chunk.targets)}"
             )
         key_list.extend(chunk.keys)
-        yield_()
+    yield_()
     keys = tuple(key_list)
     del key_list
     if len(keys) != header.key_count:
@@ -461,14 +521,9 @@ def plan_from_records(
         raise ProtocolError(
             f"version {v}: {len(header.expected_load)} expected loads for {len(dests)} destinations"
         )
-    count_parts = [np.zeros(0, np.int64)]
-    target_parts = [np.zeros(0, np.int64)]
-    rate_parts = [np.zeros(0, np.float64)]
-    for c in chunks:  # list -> array per chunk, yielding between chunks
-        count_parts.append(np.asarray(c.replicas, np.int64))
-        target_parts.append(np.asarray(c.targets, np.int64))
-        rate_parts.append(np.asarray(c.rates, np.float64))
-        yield_()
+    count_parts = [np.zeros(0, np.int64), *(c.replicas for c in chunks)]
+    target_parts = [np.zeros(0, np.int64), *(c.targets for c in chunks)]
+    rate_parts = [np.zeros(0, np.float64), *(c.rates for c in chunks)]
     counts = np.concatenate(count_parts)
     offsets: IntArray = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -513,5 +568,5 @@ def plan_from_records(
         ),
     )
     yield_()
-    plan.validate(pause=pause)
+    plan.validate(pause=pause, distinct_keys=distinct_keys)
     return plan
