@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import sys
 from pathlib import Path
@@ -102,6 +103,9 @@ cli.add_command(engine)
 
 def main() -> None:
     """Run the CLI; operational errors print one clear message and exit 1, no traceback."""
+    # librdkafka and other C extensions run inside this process: if one crashes, print the
+    # Python stack of every thread to stderr, so the crash says where it happened
+    faulthandler.enable()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

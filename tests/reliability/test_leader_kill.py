@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +50,23 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 def _doctor(settings: Settings) -> tuple[int, dict[str, dict[str, object]]]:
-    proc = subprocess.run(
+    """doctor's exit code and findings. A doctor killed by a signal is run once more, with a
+    warning that carries its stderr: on CI it has died by SIGSEGV inside the Kafka client now and
+    then (faulthandler prints where); that crash is an open bug, not what this test checks."""
+    proc = _run_doctor(settings)
+    if proc.returncode < 0:
+        warnings.warn(
+            f"doctor died by signal {-proc.returncode}; ran it once more. stderr:\n{proc.stderr}",
+            stacklevel=2,
+        )
+        proc = _run_doctor(settings)
+    assert proc.stdout.strip(), f"doctor printed no report (exit {proc.returncode}):\n{proc.stderr}"
+    report = json.loads(proc.stdout)
+    return proc.returncode, {f["check"]: f for f in report["findings"]}
+
+
+def _run_doctor(settings: Settings) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -70,9 +87,6 @@ def _doctor(settings: Settings) -> tuple[int, dict[str, dict[str, object]]]:
         check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("CACHEROUTE_KAFKA_")},
     )
-    assert proc.stdout.strip(), f"doctor printed no report (exit {proc.returncode}):\n{proc.stderr}"
-    report = json.loads(proc.stdout)
-    return proc.returncode, {f["check"]: f for f in report["findings"]}
 
 
 def _produce(settings: Settings, tag: str, n: int) -> set[bytes]:
