@@ -63,7 +63,9 @@ def test_bench_streams_small_run(kafka_settings: Settings) -> None:
     assert (
         result["raw_fetch_seconds"] + result["raw_decode_seconds"] <= result["raw_seconds"] + 2e-3
     )
-    assert result["raw_events_per_s"] == pytest.approx(events / result["raw_seconds"], rel=0.01)
+    # raw_seconds is rounded to 1 ms (a 20k-event read takes ~30 ms): allow that rounding
+    raw_s = result["raw_seconds"]
+    assert events / (raw_s + 5e-4) <= result["raw_events_per_s"] <= events / max(raw_s - 5e-4, 1e-9)
     # the numpy baseline computed what the agent emitted, for every key
     assert result["numpy_keys"] == result["distinct_keys"] == result["rates_emitted"]
     assert result["numpy_mismatched_keys"] == 0
