@@ -366,7 +366,7 @@ class LocalBroker:
         self, java: Path, distribution: KafkaDistribution, jvm_log: str, scram: list[str]
     ) -> None:
         if self.quorum is None:
-            cluster_id, quorum_args = _kraft_cluster_id(), ["--standalone"]
+            cluster_id, quorum_args = kraft_uuid(), ["--standalone"]
         else:
             cluster_id = self.quorum.cluster_id
             quorum_args = ["--initial-controllers", self.quorum.initial_controllers]
@@ -447,11 +447,18 @@ def _resolve_host(host: str) -> str:
         return host
 
 
-def _kraft_cluster_id() -> str:
-    """A random KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+def kraft_uuid() -> str:
+    """A random KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars).
+
+    Never one that starts with "-" (1 in 64 would): `kafka-storage format -t -xyz...` reads it as
+    an option and fails with "expected one argument" (Kafka's own Uuid.randomUuid skips them too).
+    """
     import base64  # noqa: PLC0415 - only needed once per data dir
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def _port_taken(host: str, port: int) -> bool:

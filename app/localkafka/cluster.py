@@ -14,23 +14,21 @@ folder each).
 
 from __future__ import annotations
 
-import base64
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from cacheroute.errors import CacheRouteError
-from cacheroute.localkafka.broker import BrokerStatus, LocalBroker, Quorum, Voter
+from cacheroute.localkafka.broker import BrokerStatus, LocalBroker, Quorum, Voter, kraft_uuid
 from cacheroute.localkafka.distribution import KafkaDistribution
 
 __all__ = ["ClusterStart", "LocalCluster"]
 
 
 def _uuid22() -> str:
-    """A Kafka Uuid in its text form: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    """A Kafka Uuid in its text form (never one that starts with "-": see `kraft_uuid`)."""
+    return kraft_uuid()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 
 from cacheroute.errors import CacheRouteError
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.localkafka.broker import kraft_uuid
 from cacheroute.localkafka.config import render_log4j2, render_server_properties
 from cacheroute.localkafka.distribution import extract_libs, fetch_tarball
 from cacheroute.settings import Settings
@@ -121,3 +122,10 @@ def test_kafka_home_is_used_as_is(tmp_path: Path) -> None:
     assert (dist.version, dist.source, dist.libs) == ("4.0.0", "KAFKA_HOME", tmp_path / "libs")
     with pytest.raises(CacheRouteError, match=r"no libs/kafka_2\.13"):
         resolve_distribution(Settings.from_env({"KAFKA_HOME": str(tmp_path / "empty")}))
+
+
+def test_kraft_cluster_ids_never_look_like_an_option() -> None:
+    ids = [kraft_uuid() for _ in range(3000)]  # about 47 would start with "-" unguarded
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids)
+    assert len(set(ids)) == len(ids)
