@@ -134,6 +134,7 @@ class Dispatcher:
         self.registry = registry or CollectorRegistry()
         self.registry.register(_DispatcherCollector(self))
         self._apply_lock = threading.Lock()
+        self._mode_lock = threading.Lock()
         self._interval_s = self.config.control_interval_s
         self._mode = "no_plan"
         self._warned: set[str] = set()
@@ -254,7 +255,10 @@ class Dispatcher:
         stale = future or age > limit
         self.router.stale = stale
         mode = "future" if future else "stale" if stale else "plan"
-        if mode != self._mode:
+        with self._mode_lock:  # the apply, maintenance and caller threads all check
+            if mode == self._mode:
+                return stale
+            self._mode = mode
             if future:
                 log.warning(
                     "plan v%d was created %.0f s in the future of this gateway's clock (more "
@@ -275,7 +279,6 @@ class Dispatcher:
                 )
             else:
                 log.warning("routing by plan v%d (%d admitted keys)", table.version, len(table))
-            self._mode = mode
         return stale
 
     def plan_age_s(self) -> float | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -66,6 +68,49 @@ def test_a_plan_a_day_in_the_future_is_stale_with_one_log_line(
     lines = future_lines(caplog)
     assert len(lines) == 1
     assert "plan v1 was created 86400 s in the future" in lines[0].message
+
+
+class SlowHandler(logging.Handler):
+    """Holds each warning for a while, so a second thread checks while the first one logs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        time.sleep(0.05)
+        self.messages.append(record.getMessage())
+
+
+def test_threads_checking_at_once_log_a_future_plan_once() -> None:
+    """The apply thread, the maintenance thread and callers all check; one transition, one line.
+
+    (A CI run saw two lines: two threads had both seen the old mode before either set the new.)
+    """
+    clock = Clock(NOW_S)
+    d = Dispatcher(NAMES, rng=random.Random(0), clock=clock)
+    assert d.apply_plan(plan(1, int(NOW_S * 1000)))
+    assert not stale(d)
+    clock.t = NOW_S - 86_400.0  # the gateway's clock is set back a day: the plan is in its future
+    handler = SlowHandler()
+    logger = logging.getLogger("cacheroute.dispatcher.dispatcher")
+    logger.addHandler(handler)
+    gate = threading.Barrier(8)
+
+    def check() -> None:
+        gate.wait()
+        assert d.check_staleness()
+
+    threads = [threading.Thread(target=check) for _ in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+    finally:
+        logger.removeHandler(handler)
+    assert stale(d)
+    assert len([m for m in handler.messages if "in the future" in m]) == 1
 
 
 def test_clock_skew_within_the_margin_is_fresh_and_beyond_it_is_stale(
