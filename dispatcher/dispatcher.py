@@ -259,20 +259,30 @@ class Dispatcher:
             if mode == self._mode:
                 return stale
             self._mode = mode
+            # The age is measured on this gateway's clock against a stamp of the planner's:
+            # from here neither clock can be told wrong, so the lines name both and say how to
+            # tell (a third host judging the same plan; the plan's Kafka record time is not kept
+            # by the follower, and with CreateTime it is the planner's clock again anyway).
             if future:
                 log.warning(
                     "plan v%d was created %.0f s in the future of this gateway's clock (more "
-                    "than the %g s allowed for clock skew; check the planner's clock): treating "
-                    "it as stale, routing everything by the cold path until a plan with a "
-                    "plausible time arrives",
+                    "than the %g s allowed for clock skew): either the planner's clock is ahead "
+                    "or this gateway's clock is behind. To tell which, compare both hosts with "
+                    "NTP (chronyc tracking / timedatectl), or run `cacheroute doctor` on another "
+                    "host: if it finds the plan fresh, this gateway's clock is the wrong one. "
+                    "Treating the plan as stale, routing everything by the cold path until a "
+                    "plan with a plausible time arrives",
                     table.version,
                     -age,
                     self.config.max_clock_skew_s,
                 )
             elif stale:
                 log.warning(
-                    "plan v%d is %.0f s old (limit %.0f s): routing everything by the cold "
-                    "path (no plan) until a fresh plan arrives",
+                    "plan v%d is %.0f s old by this gateway's clock (limit %.0f s): routing "
+                    "everything by the cold path (no plan) until a fresh plan arrives. Either "
+                    "the planner stopped publishing, or the clocks disagree (the planner's clock "
+                    "behind or this gateway's clock ahead): if `cacheroute doctor` on another "
+                    "host finds the plan fresh, check this gateway's clock",
                     table.version,
                     age,
                     limit,

@@ -25,10 +25,25 @@ figure a record carries is bounded before it is accepted:
   help) is `invalid` ("future"): folded, it would make every real window after it "late";
 - a rate above `max_key_rate` (an absolute ceiling, default 1e6 requests/s per key) is `invalid`
   ("implausible"), and so is a count that could not fit the window at that ceiling;
-- once the averages have a cluster total, a key's rate in a new window is clamped to
-  `max_surge` x that total (at least `max_key_rate` / 1000), counted in `clamped`: a real key
-  cannot outgrow the whole cluster a hundredfold in one window, and the clamp lifts as the total
-  follows a genuine surge.
+- a key's rate in a new window is clamped to `max_surge` x the window's *reference total*
+  (at least `max_key_rate` / 1000), counted in `clamped`: a real key cannot outgrow the whole
+  cluster a hundredfold in one window, and the clamp lifts as the total follows a genuine surge;
+- the window's total is bounded too, or many made-up keys, each under every per-key limit, could
+  still inflate it a thousandfold: it may be at most `max_total_growth` x the reference total
+  (which counts as at least `total_floor`, so an idle or tiny cluster can still grow). Above
+  that, the largest rates are cut down to one common level, never below a key's *trusted base*,
+  until the total fits (water-filling from the top), counted in `scaled`: the excess is taken
+  from the outliers first, so real keys below the level keep every request. The trusted base is
+  what the averages already believe, the key's smoothed rate (0 for a key never seen), so the
+  established keys keep their rates and only growth is cut.
+
+The reference total is the smoothed cluster total. In the first window folded after a start (or
+whenever that total is 0) there is none, and trusting the window itself would let one record set
+the scale: so it is the window's key count x its *median* key rate, which a minority of made-up
+keys cannot move, and the trusted base of each key is the median. A real, heavily skewed first
+window may be cut too; the key then catches up at the EWMA's pace over the next windows, where the
+smoothed total is the reference. Each limited window is noted once (`limits`), with its numbers,
+for the log.
 
 Every rejection is counted per reason (`rejections`) with its last example, for the log.
 
@@ -38,6 +53,7 @@ Pure: time comes in as `now_ms` / `arrived_ms` arguments.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -47,7 +63,14 @@ from cacheroute.planner.errors import PlannerError
 from cacheroute.planner.plan import FloatArray, IntArray
 from cacheroute.schemas import KeyRate
 
-__all__ = ["AddResult", "RateSmoother", "RatesSnapshot", "Rejection", "SmoothingParams"]
+__all__ = [
+    "AddResult",
+    "RateSmoother",
+    "RatesSnapshot",
+    "Rejection",
+    "SmoothingParams",
+    "WindowLimit",
+]
 
 AddResult = Literal["accepted", "replaced", "late", "invalid"]
 Rejection = Literal["malformed", "future", "implausible"]
@@ -71,7 +94,11 @@ class SmoothingParams:
     max_key_rate: float = 1_000_000.0
     """Absolute ceiling of one key's rate, requests/s: above it a record is implausible."""
     max_surge: float = 100.0
-    """A key's rate in a new window is clamped to this x the cluster's smoothed total."""
+    """A key's rate in a new window is clamped to this x the window's reference total."""
+    max_total_growth: float = 10.0
+    """A window's total rate may be at most this x its reference total; the growth above is cut."""
+    total_floor: float = 100.0
+    """Requests/s the reference total counts as at least (an idle cluster may still grow)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
@@ -86,6 +113,12 @@ class SmoothingParams:
             raise PlannerError(f"max_key_rate must be finite and > 0, got {self.max_key_rate!r}")
         if not (math.isfinite(self.max_surge) and self.max_surge >= 1):
             raise PlannerError(f"max_surge must be finite and >= 1, got {self.max_surge!r}")
+        if not (math.isfinite(self.max_total_growth) and self.max_total_growth >= 1):
+            raise PlannerError(
+                f"max_total_growth must be finite and >= 1, got {self.max_total_growth!r}"
+            )
+        if not (math.isfinite(self.total_floor) and self.total_floor > 0):
+            raise PlannerError(f"total_floor must be finite and > 0, got {self.total_floor!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +135,27 @@ class RatesSnapshot:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLimit:
+    """One folded window whose rates were cut to plausible ones: what the log line says."""
+
+    window_start_ms: int
+    first: bool
+    """No smoothed total yet: the reference is the window's key count x its median key rate."""
+    reference: float
+    """The reference total (before `total_floor`), requests/s."""
+    reported: float
+    """The window's total as its records reported it, requests/s."""
+    folded: float
+    """The window's total after the cuts, requests/s."""
+    clamped: int
+    """Keys clamped to `max_surge` x the reference total."""
+    scaled: int
+    """Keys cut down to the common level that fits `max_total_growth` x the reference total."""
+    largest: str
+    """The key cut the most, with its reported rate."""
 
 
 @dataclass(slots=True)
@@ -137,7 +191,11 @@ class RateSmoother:
         self.last_rejection: dict[Rejection, str] = {}
         """Per reason, a description of its latest record (for the log)."""
         self.clamped = 0
-        """Key-window rates clamped to `max_surge` x the cluster total so far."""
+        """Key-window rates clamped to `max_surge` x the reference total so far."""
+        self.scaled = 0
+        """Key-window rates cut down to fit their window's total ceiling so far."""
+        self.limits: deque[WindowLimit] = deque(maxlen=64)
+        """The latest limited windows, oldest first (bounded: a caller that never reads them)."""
 
     # ------------------------------------------------------------------------------- views
     @property
@@ -267,13 +325,7 @@ class RateSmoother:
         values = list(window.records.values())
         observed = np.zeros(n, dtype=np.float64)
         observed[idx] = np.fromiter((v[0] for v in values), np.float64, len(values))
-        total = float(self._smoothed.sum())
-        if total > 0:
-            ceiling = self.params.max_surge * max(total, self.params.max_key_rate / 1000)
-            over = observed > ceiling
-            if over.any():
-                self.clamped += int(over.sum())
-                observed[over] = ceiling
+        self._limit(window.start, observed, idx, smoothed)
         smoothed = (1.0 - alpha) * smoothed + alpha * observed
         smoothed[n_old:] = observed[n_old:]  # first sighting: start at the observed rate
         present = np.zeros(n, dtype=np.bool_)
@@ -288,6 +340,56 @@ class RateSmoother:
         self._folded += 1
         self._newest_end = max(self._newest_end, window.end)
         self._forget()
+
+    def _limit(self, start: int, observed: FloatArray, idx: IntArray, smoothed: FloatArray) -> None:
+        """Cut `observed` (in place) to plausible rates: the per-key clamp, then the total ceiling.
+
+        `idx` are the window's keys, `smoothed` the averages before this window (0 for new keys).
+        See the module docstring for why each bound exists.
+        """
+        p = self.params
+        previous = float(self._smoothed.sum())
+        first = not previous > 0
+        if first:  # no total to trust yet: the median cannot be moved by a few made-up keys
+            median = float(np.median(observed[idx])) if len(idx) else 0.0
+            reference = len(idx) * median
+            base = np.minimum(observed, median)
+        else:
+            reference = previous
+            base = np.minimum(observed, smoothed)
+        reported = float(observed.sum())
+        before = observed.copy()
+        ceiling = p.max_surge * max(reference, p.max_key_rate / 1000)
+        over = observed > ceiling
+        clamped = int(over.sum())
+        if clamped:
+            observed[over] = ceiling
+        cap = p.max_total_growth * max(reference, p.total_floor)
+        scaled = 0
+        total = float(observed.sum())
+        if total > cap:
+            grown = observed > base
+            level = _water_level(base[grown], observed[grown], cap - float(observed[~grown].sum()))
+            cut = grown & (observed > level)
+            observed[cut] = np.maximum(level, base[cut])
+            scaled = int(cut.sum())
+        if not (clamped or scaled):
+            return
+        self.clamped += clamped
+        self.scaled += scaled
+        worst = int(np.argmax(before - observed))
+        self.limits.append(
+            WindowLimit(
+                window_start_ms=start,
+                first=first,
+                reference=reference,
+                reported=reported,
+                folded=float(observed.sum()),
+                clamped=clamped,
+                scaled=scaled,
+                largest=f"{self._keys[worst][:64]!r} at {before[worst]:.4g}/s",
+            )
+        )
 
     def _forget(self) -> None:
         keep = self._idle < self.params.forget_after_windows
@@ -309,3 +411,32 @@ class RateSmoother:
             windows=self._folded,
             newest_end_ms=self._newest_end,
         )
+
+
+def _water_level(lo: FloatArray, hi: FloatArray, target: float) -> float:
+    """The level c at which sum(clip(c, lo, hi)) == target (lo < hi elementwise).
+
+    Cutting every rate above c down to c (never below its trusted base `lo`) takes the excess
+    from the largest rates first: a few made-up keys lose theirs, real keys below c keep every
+    request. A common scale factor instead would cut every key that grew in proportion, so one
+    made-up key could crush the real keys' growth with it. Exact, not a bisection: the sum is
+    piecewise linear in c with breaks at the `lo` and `hi` values, so it is evaluated at every
+    break (sorted prefix sums) and solved on the one segment that crosses `target`.
+    When target <= sum(lo) (cannot happen with the callers' bounds, but rounding) c is min(lo).
+    """
+    n = len(lo)
+    lo_sorted, hi_sorted = np.sort(lo), np.sort(hi)
+    lo_cum = np.concatenate(([0.0], np.cumsum(lo_sorted)))
+    hi_cum = np.concatenate(([0.0], np.cumsum(hi_sorted)))
+    points = np.unique(np.concatenate((lo, hi)))
+    # at c: keys with hi <= c give hi, keys with lo >= c give lo, the others give c
+    at_or_below = np.searchsorted(hi_sorted, points, side="right")
+    below = np.searchsorted(lo_sorted, points, side="left")  # keys with lo < c
+    sums = hi_cum[at_or_below] + (lo_cum[n] - lo_cum[below]) + points * (below - at_or_below)
+    j = int(np.searchsorted(sums, target, side="left"))
+    if j == 0:
+        return float(points[0])
+    if j >= len(points):
+        return float(points[-1])
+    c0, c1, s0, s1 = float(points[j - 1]), float(points[j]), float(sums[j - 1]), float(sums[j])
+    return c0 + (target - s0) / (s1 - s0) * (c1 - c0)

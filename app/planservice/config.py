@@ -119,6 +119,8 @@ CONFIG_KEYS: dict[str, str] = {
     "max_ahead_s": "ignore a rate window ending this far after its record's timestamp (default 30)",
     "max_key_rate": "ignore a key rate above this, requests/s (default 1e6)",
     "max_surge": "clamp a key's window rate to this x the cluster's smoothed total (default 100)",
+    "max_total_growth": "cut a window's total rate to this x the smoothed total (default 10)",
+    "total_floor": "the smoothed total counts as at least this for max_total_growth (default 100)",
     "rewarm_s": f"advisor: seconds a moved key runs cold (default {DEFAULT_REWARM_S:g})",
     "max_plan_age_s": "republish the live routing when older than this; 0: never (default 2 x interval)",
     "max_chunk_bytes": f"upper bound of one chunk record (default {DEFAULT_MAX_CHUNK_BYTES})",
@@ -228,6 +230,8 @@ def load_service_config(
             max_ahead_ms=round(number("max_ahead_s", 30.0) * 1000),
             max_key_rate=number("max_key_rate", 1_000_000.0),
             max_surge=number("max_surge", 100.0),
+            max_total_growth=number("max_total_growth", 10.0),
+            total_floor=number("total_floor", 100.0),
         )
     except PlannerError as exc:
         raise ConfigError(f"planner settings{source}: {exc}") from None

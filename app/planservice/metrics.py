@@ -108,8 +108,10 @@ class PlannerMetrics:
             ),
             rates_records=Counter(
                 p + "rates_records",
-                "KeyRate records read, by outcome (accepted, replaced, late, invalid, garbage; clamped: "
-                "key-window rates clamped to max_surge x the cluster total)",
+                "KeyRate records read, by outcome (accepted, replaced, late, invalid, garbage; error: "
+                "skipped after an unforeseen exception; clamped: key-window rates clamped to "
+                "max_surge x the cluster total; scaled: key-window rates cut down to keep a "
+                "window's total within max_total_growth x the cluster total)",
                 ["outcome"],
                 registry=reg,
             ),

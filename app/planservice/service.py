@@ -41,6 +41,7 @@ from cacheroute.planservice.leader import Leadership
 from cacheroute.planservice.metrics import PlannerMetrics
 from cacheroute.planservice.publisher import FencedError, ForeignRecord, PlanPublisher, Recovery
 from cacheroute.planservice.rates import RatesBatch, RatesSource
+from cacheroute.schemas import KeyRate
 from cacheroute.settings import Settings
 from cacheroute.topics import make_admin
 
@@ -290,28 +291,44 @@ class PlannerService:
         assert self._smoother is not None
         batch = self._rates.poll(_RATES_BATCH, timeout)
         now_ms = self._now_ms()
-        outcomes = {"accepted": 0, "replaced": 0, "late": 0, "invalid": 0}
+        outcomes = {"accepted": 0, "replaced": 0, "late": 0, "invalid": 0, "error": 0}
         before = dict(self._smoother.rejections)
-        clamped = self._smoother.clamped
+        clamped, scaled = self._smoother.clamped, self._smoother.scaled
+        failed: tuple[int, KeyRate, BaseException] | None = None
         for partition, rate, stamp in batch.rates:
-            outcomes[self._smoother.add(rate, partition, now_ms, stamp)] += 1
+            try:
+                outcomes[self._smoother.add(rate, partition, now_ms, stamp)] += 1
+            except Exception as exc:  # one record must not drop the rest
+                # An unforeseen bug or value in one record: skip it, keep the batch's others
+                # (they are already consumed; re-raising would lose them for good).
+                outcomes["error"] += 1
+                failed = failed or (partition, rate, exc)
         for outcome, count in outcomes.items():
             if count:
                 self.metrics.rates_records.labels(outcome).inc(count)
         if outcomes["invalid"]:
             self._log_rejections(before)
+        if failed is not None:
+            bad_partition, bad_rate, error = failed
+            log.error(
+                "%d KeyRate record(s) could not be handled; each is skipped, the records after "
+                "it are not; e.g. key %r window %d from partition %d: %s: %s",
+                outcomes["error"],
+                str(bad_rate.key)[:64],
+                bad_rate.window_start_ms,
+                bad_partition,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
         if batch.garbage:
             self._garbage(batch)
         folded = self._smoother.advance(now_ms)
         if self._smoother.clamped > clamped:
             self.metrics.rates_records.labels("clamped").inc(self._smoother.clamped - clamped)
-            log.warning(
-                "%d key rates clamped to %g x the cluster's total rate (a key cannot outgrow the "
-                "whole cluster that fast; check the streams worker and whoever writes to the "
-                "rates topic)",
-                self._smoother.clamped - clamped,
-                self._smoother.params.max_surge,
-            )
+        if self._smoother.scaled > scaled:
+            self.metrics.rates_records.labels("scaled").inc(self._smoother.scaled - scaled)
+        self._log_limits()
         if folded:
             self.metrics.windows_folded.inc(len(folded))
             log.info(
@@ -328,6 +345,38 @@ class PlannerService:
         if mono - self._last_lag_check >= 5.0:
             self._last_lag_check = mono
             self.metrics.rates_lag_records.set(self._rates.lag())
+
+    def _log_limits(self) -> None:
+        """One warning per folded window whose rates were cut to plausible ones, with why."""
+        assert self._smoother is not None
+        params = self._smoother.params
+        limits = self._smoother.limits
+        while limits:
+            lim = limits.popleft()
+            ref = (
+                "the window's key count x its median key rate (no smoothed total yet)"
+                if lim.first
+                else "the smoothed cluster total"
+            )
+            log.warning(
+                "rate window %s: reported a total of %.4g requests/s, folded as %.4g; "
+                "reference total %.4g/s (%s): %d key rate(s) clamped to max_surge %g x "
+                "max(it, max_key_rate / 1000), %d key rate(s) scaled down to keep the window's "
+                "total within max_total_growth %g x max(it, total_floor %g/s); largest cut: key "
+                "%s. Real traffic does not grow that fast: check the streams worker and whoever "
+                "writes to the rates topic",
+                time.strftime("%H:%M:%S", time.gmtime(lim.window_start_ms / 1000)),
+                lim.reported,
+                lim.folded,
+                lim.reference,
+                ref,
+                lim.clamped,
+                params.max_surge,
+                lim.scaled,
+                params.max_total_growth,
+                params.total_floor,
+                lim.largest,
+            )
 
     def _log_rejections(self, before: dict[Rejection, int]) -> None:
         """One warning per poll that rejected records: counts per reason, an example each."""

@@ -134,3 +134,55 @@ def test_clock_skew_within_the_margin_is_fresh_and_beyond_it_is_stale(
         assert d.check_staleness()
     assert len(future_lines(caplog)) == 2  # one per transition into the future, not per check
     assert sum("path (no plan) until" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize(
+    ("gateway_offset_s", "expected"),
+    [
+        (
+            -600.0,  # this gateway's clock is 10 minutes behind: the plan is from its future
+            "plan v1 was created 600 s in the future of this gateway's clock (more than the 5 s "
+            "allowed for clock skew): either the planner's clock is ahead or this gateway's "
+            "clock is behind.",
+        ),
+        (
+            600.0,  # 10 minutes ahead: the plan looks 600 s old, twenty times the 30 s limit
+            "plan v1 is 600 s old by this gateway's clock (limit 30 s): routing everything by "
+            "the cold path (no plan) until a fresh plan arrives. Either the planner stopped "
+            "publishing, or the clocks disagree (the planner's clock behind or this gateway's "
+            "clock ahead)",
+        ),
+    ],
+)
+def test_a_gateway_clock_ten_minutes_off_falls_back_to_the_cold_path_and_names_both_clocks(
+    gateway_offset_s: float, expected: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The planner's clock is right (it stamps the plan at NOW_S); this gateway's is 600 s off.
+
+    Either way the plan cannot be trusted by age, so every request goes by the cold path, exactly
+    where a gateway without any plan sends it, and one warning names both clocks. Once the
+    gateway's clock is fixed the same plan routes again."""
+    clock = Clock(NOW_S + gateway_offset_s)
+    d = Dispatcher(NAMES, rng=random.Random(0), clock=clock)
+    no_plan = Dispatcher(NAMES, rng=random.Random(0), clock=Clock(NOW_S))
+    keys = [f"k{i % 50}" for i in range(500)]
+    with caplog.at_level(logging.WARNING, logger="cacheroute.dispatcher"):
+        assert d.apply_plan(plan(1, int(NOW_S * 1000)))  # interval 10 s: limit 3 x 10 = 30 s
+        assert stale(d)
+        routed = []
+        for key in keys:
+            routed.append(d.route(key))
+            clock.t += 0.1  # 50 s pass: still 550 s or more off
+            assert d.check_staleness()
+    assert routed == [no_plan.route(key) for key in keys]  # the documented fallback
+    assert d.router.counts[RouteKind.STALE] == len(keys)
+    assert d.router.counts[RouteKind.PLAN] == 0
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    clock_lines = [m for m in lines if "the planner's clock" in m and "this gateway's clock" in m]
+    assert len(clock_lines) == 1
+    assert expected in clock_lines[0]
+    assert "cacheroute doctor` on another host" in clock_lines[0]  # how to tell which is wrong
+    clock.t = NOW_S + 1.0  # NTP fixes this gateway: the same plan is fresh and routes again
+    assert not d.check_staleness()
+    d.route("k0")
+    assert d.router.counts[RouteKind.PLAN] == 1

@@ -19,10 +19,14 @@ from cacheroute.doctor import check_plan
 from cacheroute.kafkaio import KafkaRecord
 from cacheroute.planner.assembly import Outcome, PlanAssembler
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan
+from cacheroute.planner.smoothing import AddResult, RateSmoother
 from cacheroute.planservice import follower as follower_module
 from cacheroute.planservice import reader as reader_module
+from cacheroute.planservice.config import load_service_config
 from cacheroute.planservice.follower import FollowerConfig, PlanFollower
-from cacheroute.planservice.service import refresh_reason
+from cacheroute.planservice.rates import RatesBatch
+from cacheroute.planservice.service import PlannerService, refresh_reason
+from cacheroute.schemas import KeyRate
 from cacheroute.settings import Settings
 
 from .conftest import PlanFactory
@@ -201,3 +205,111 @@ def test_doctor_fails_a_plan_from_the_future() -> None:
     )
     assert within.status == "ok"
     assert within.detail["age_s"] == -5.0
+
+
+# ------------------------------------------------------------------ the planner's rates loop
+WINDOW_MS = 60_000
+
+
+class FakeRates:
+    """A RatesSource that hands out one prepared batch, then nothing.
+
+    The batch ends with a record of the next window, so the smoother knows the prepared window
+    closed and folds it in the same poll."""
+
+    partitions = 1
+
+    def __init__(self, rates: list[KeyRate]) -> None:
+        rates = [*rates, _key_rate("next", 1.0, window=rates[0].window_start_ms // WINDOW_MS + 1)]
+        # Kafka timestamps: each record written as its window closed
+        self.batch = RatesBatch([(0, r, r.window_end_ms) for r in rates], [])
+
+    def poll(self, max_records: int, timeout: float) -> RatesBatch:
+        batch, self.batch = self.batch, RatesBatch([], [])
+        return batch
+
+    def lag(self) -> int:
+        return 0
+
+
+class ExplodingSmoother(RateSmoother):
+    """A smoother that fails on one key, as an unforeseen bug in `add` would."""
+
+    def add(
+        self, rate: KeyRate, partition: int, arrived_ms: int, record_ms: int | None = None
+    ) -> AddResult:
+        if rate.key == "poison":
+            raise ValueError("simulated")
+        return super().add(rate, partition, arrived_ms, record_ms)
+
+
+def _planner(rates: list[KeyRate], now_ms: int, smoother: type[RateSmoother]) -> PlannerService:
+    config = load_service_config(None, {"destinations": 2, "q_cap": 10.0, "warm_slots": 4})
+    service = PlannerService(Settings(topic_prefix="unit."), config, clock=lambda: now_ms / 1000)
+    service._rates = FakeRates(rates)  # type: ignore[assignment]
+    service._smoother = smoother(config.smoothing, partitions=1)
+    return service
+
+
+def _records(service: PlannerService, outcome: str) -> float:
+    sample = service.metrics.registry.get_sample_value(
+        "cacheroute_planner_rates_records_total", {"outcome": outcome}
+    )
+    return sample or 0.0
+
+
+def _key_rate(key: str, value: float, window: int = 10) -> KeyRate:
+    start = window * WINDOW_MS
+    return KeyRate(key, start, start + WINDOW_MS, round(value * 60), value)
+
+
+def test_planner_skips_a_rate_record_whose_handling_raises_and_keeps_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rates = [_key_rate("a", 1.0), _key_rate("poison", 2.0), _key_rate("b", 3.0)]
+    rates.append(_key_rate("c", 4.0))
+    now_ms = 12 * WINDOW_MS  # window 10 closed long ago: it folds in this very poll
+    service = _planner(rates, now_ms, ExplodingSmoother)
+    with caplog.at_level(logging.ERROR, logger="cacheroute.planservice.service"):
+        service._read_rates(0.0)
+    assert service._smoother is not None
+    snap = service._smoother.snapshot()
+    assert dict(zip(snap.keys, snap.rates.tolist(), strict=True)) == {"a": 1.0, "b": 3.0, "c": 4.0}
+    assert _records(service, "accepted") == 4  # a, b, c and the next window's record
+    assert _records(service, "error") == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "1 KeyRate record(s) could not be handled" in errors[0]
+    assert "the records after it are not" in errors[0]
+    assert "'poison'" in errors[0]
+    assert "ValueError: simulated" in errors[0]
+    # the input lag gauge: now minus the newest folded window's end, 12 - 11 windows
+    assert service.metrics.registry.get_sample_value("cacheroute_planner_input_lag_seconds") == 60
+
+
+def test_planner_logs_a_window_cut_to_plausible_rates_once_with_the_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first window after a start: 100 keys at 1/s and one made-up key at 9e5/s.
+
+    Reference 101 x median 1 = 101/s; the key is clamped to 1e5/s (100 x max(101, 1000)), then
+    scaled so the window's total is 10 x 101 = 1010/s: it folds at 910/s (see test_smoothing)."""
+    rates = [_key_rate(f"k{i:03d}", 1.0) for i in range(100)] + [_key_rate("made-up", 9e5)]
+    service = _planner(rates, 12 * WINDOW_MS, RateSmoother)
+    with caplog.at_level(logging.WARNING, logger="cacheroute.planservice.service"):
+        service._read_rates(0.0)
+        service._read_rates(0.0)  # nothing new: no second line for the same window
+    assert service._smoother is not None
+    snap = service._smoother.snapshot()
+    assert float(snap.rates.sum()) == pytest.approx(1010.0, rel=1e-12)
+    assert _records(service, "accepted") == 102  # with the next window's record
+    assert _records(service, "invalid") == 0
+    assert _records(service, "clamped") == 1
+    assert _records(service, "scaled") == 1
+    lines = [r.getMessage() for r in caplog.records if "rate window" in r.getMessage()]
+    assert len(lines) == 1
+    assert "reported a total of 9.001e+05 requests/s, folded as 1010" in lines[0]
+    assert "reference total 101/s (the window's key count x its median key rate" in lines[0]
+    assert "1 key rate(s) clamped to max_surge 100 x max(it, max_key_rate / 1000)" in lines[0]
+    assert "1 key rate(s) scaled down" in lines[0]
+    assert "largest cut: key 'made-up' at 9e+05/s" in lines[0]
