@@ -22,7 +22,7 @@ from typing import Any
 from cacheroute.errors import ConfigError
 from cacheroute.kafkasecurity import KafkaSecurity
 
-__all__ = ["ENV_PREFIX", "Settings", "default_home"]
+__all__ = ["ENV_PREFIX", "MIN_INSYNC_REPLICATED", "Settings", "check_min_insync", "default_home"]
 
 ENV_PREFIX = "CACHEROUTE_"
 
@@ -30,6 +30,30 @@ DAY_MS = 24 * 3600 * 1000
 
 _NOT_FROM_ENV = frozenset({"kafka_security"})
 """Fields built from several variables (CACHEROUTE_KAFKA_*) instead of one CACHEROUTE_<NAME>."""
+
+
+MIN_INSYNC_REPLICATED = 2
+"""The fewest in-sync replicas `plans`, the other topics and the streams changelogs may run with
+once they have three or more replicas: with 1, an acknowledged plan version or window state can
+live on one broker only, and losing that broker loses it although every producer asked for
+acks=all."""
+
+
+def check_min_insync(replication_factor: int, min_insync_replicas: int) -> None:
+    """Refuse a `min.insync.replicas` below 2 on topics with three or more replicas.
+
+    Refused with the setting to change, not quietly raised: the operator asked for it, so the fix
+    must be theirs to see. Called by `Settings.validate` (an explicit factor) and by
+    `cacheroute.topics.replication_for` (an automatic factor, known once the cluster's size is).
+    """
+    if replication_factor >= 3 and 0 < min_insync_replicas < MIN_INSYNC_REPLICATED:
+        raise ConfigError(
+            f"{ENV_PREFIX}MIN_INSYNC_REPLICAS={min_insync_replicas} with {replication_factor} "
+            f"replicas: plans and the streams changelogs must never run with fewer than "
+            f"{MIN_INSYNC_REPLICATED} in sync (an acknowledged plan could live on one broker "
+            f"only); unset it (automatic: {MIN_INSYNC_REPLICATED}) or set it to "
+            f"{MIN_INSYNC_REPLICATED} or more (`topics ensure` flag: --min-insync-replicas)"
+        )
 
 
 def default_home() -> Path:
@@ -66,7 +90,8 @@ class Settings:
     replication_factor: int = 0
     """Replicas per partition of new topics; 0: min(3, brokers in the cluster)."""
     min_insync_replicas: int = 0
-    """`min.insync.replicas` of the topics; 0: 2 with three or more replicas, else 1."""
+    """`min.insync.replicas` of the topics and the streams changelogs; 0: 2 with three or more
+    replicas, else 1. Below 2 with three or more replicas is refused (`check_min_insync`)."""
 
     home: Path = field(default_factory=default_home)
     """Cache of broker jars and local broker state (data, logs, pid file)."""
@@ -155,8 +180,10 @@ class Settings:
         if self.replication_factor and self.min_insync_replicas > self.replication_factor:
             raise ConfigError(
                 f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({self.min_insync_replicas}) exceeds "
-                f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor}): no write could succeed"
+                f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor}): no write could succeed "
+                "(`topics ensure` flags: --min-insync-replicas, --replication-factor)"
             )
+        check_min_insync(self.replication_factor, self.min_insync_replicas)
         if not 0.0 < self.plans_min_cleanable_dirty_ratio <= 1.0:
             raise ConfigError(f"{ENV_PREFIX}PLANS_MIN_CLEANABLE_DIRTY_RATIO must be in (0, 1]")
         if self.kafka_source not in ("auto", "maven", "tarball"):

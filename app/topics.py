@@ -27,18 +27,20 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from cacheroute.errors import CacheRouteError
+from cacheroute.errors import CacheRouteError, ConfigError
 from cacheroute.kafkaio import (
+    KafkaConnectionError,
     admin_config,
     connect_admin,
     explain_kafka_error,
     is_authorization_error,
 )
-from cacheroute.settings import Settings
+from cacheroute.settings import ENV_PREFIX, MIN_INSYNC_REPLICATED, Settings, check_min_insync
 
 __all__ = [
     "TopicOutcome",
     "TopicSpec",
+    "cluster_brokers",
     "cluster_size",
     "describe_topic_configs",
     "ensure_topics",
@@ -70,9 +72,23 @@ class TopicOutcome:
 
 
 def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
-    """(replication factor, min.insync.replicas) of the topics on a cluster of `brokers`."""
+    """(replication factor, min.insync.replicas) of the topics on a cluster of `brokers`.
+
+    A min.insync.replicas below 2 with three or more replicas is refused (ConfigError naming the
+    setting), not quietly raised: the operator asked for it, so the fix must be theirs to see.
+    So is one above the replication factor: Kafka accepts such a topic, then refuses every
+    acks=all write to it.
+    """
     rf = settings.replication_factor or max(1, min(3, brokers))
-    min_isr = settings.min_insync_replicas or (2 if rf >= 3 else 1)
+    min_isr = settings.min_insync_replicas or (MIN_INSYNC_REPLICATED if rf >= 3 else 1)
+    if min_isr > rf:  # an explicit factor was checked by Settings.validate; this is the automatic
+        raise ConfigError(
+            f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({min_isr}) exceeds the replication factor ({rf}, "
+            f"from the cluster's {brokers} broker(s)): no write could succeed; lower it, or set "
+            f"{ENV_PREFIX}REPLICATION_FACTOR (`topics ensure` flags: --min-insync-replicas, "
+            "--replication-factor)"
+        )
+    check_min_insync(rf, min_isr)
     return rf, min_isr
 
 
@@ -85,6 +101,27 @@ def cluster_size(meta: ClusterMetadata) -> int:
         default=0,
     )
     return max(len(meta.brokers), widest, 1)
+
+
+def cluster_brokers(settings: Settings, *, timeout: float = 30.0, doing: str = "starting") -> int:
+    """The cluster's size (`cluster_size`) as it answers now.
+
+    For a service that creates topics of its own (the streams worker's changelog) and must
+    replicate them like the project's. No answer within `timeout` is an error (one line, with
+    the fix), not a guess: guessing 1 would create an unreplicated changelog on a replicated
+    cluster, and Faust never fixes a topic once it exists.
+    """
+    try:
+        admin = connect_admin(settings, timeout=timeout, doing=doing)
+        return cluster_size(admin.list_topics(timeout=timeout))
+    except KafkaConnectionError as exc:
+        if exc.kind != "unreachable":
+            raise
+        raise CacheRouteError(
+            f"{exc} (needed first to replicate the changelog like the topics; set "
+            f"{ENV_PREFIX}REPLICATION_FACTOR to start without asking)",
+            retriable=True,
+        ) from None
 
 
 def topic_specs(settings: Settings, brokers: int = 1) -> list[TopicSpec]:

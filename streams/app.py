@@ -55,6 +55,7 @@ from cacheroute.streams.state import (
     PartitionState,
     table_prefix,
 )
+from cacheroute.topics import replication_for
 
 __all__ = ["StreamsOptions", "StreamsRuntime", "create_app", "trusted_clock"]
 
@@ -245,7 +246,18 @@ class StreamsRuntime:
             self.dead_letter(raw, msg.key, str(exc), where)
             self.metrics.batches_dead_lettered.inc()
             return
-        self._report(record, result, msg.key, where, clock_name)
+        except Exception as exc:  # one message must not stop the partition
+            # An unforeseen bug or value. Escaping, it would end the agent loop with this message
+            # unacked (acks are manual), so the partition would stop here; dead-lettered, the
+            # messages after it still count. Some of its events may already be in the state.
+            log.exception("dead-lettering %s: handling it raised %s", where, type(exc).__name__)
+            self.dead_letter(raw, msg.key, f"error: {type(exc).__name__}: {exc}"[:1000], where)
+            self.metrics.batches_dead_lettered.inc()
+            return
+        try:
+            self._report(record, result, msg.key, where, clock_name)
+        except Exception:  # its events are applied; the next messages must be too
+            log.exception("%s: applied, but reporting its bad or late events failed", where)
 
     def _report(
         self,
@@ -473,9 +485,18 @@ def create_app(
     options: StreamsOptions | None = None,
     *,
     metrics: StreamMetrics | None = None,
+    brokers: int = 1,
 ) -> tuple[faust.App, StreamsRuntime]:
-    """Build the Faust app and its runtime; run it with `faust.Worker(app).execute_from_commandline()`."""
+    """Build the Faust app and its runtime; run it with `faust.Worker(app).execute_from_commandline()`.
+
+    `brokers` is the cluster's size (`cacheroute.topics.cluster_size`): the table's changelog is
+    replicated like the project's topics (`replication_for`), so a replicated cluster that loses a
+    broker loses no window state, and never runs it with fewer than 2 replicas in sync.
+    """
     options = options or StreamsOptions()
+    # Faust creates its changelog (and its internal topics) with these, at replication 1 unless
+    # told; it never alters a topic that exists.
+    replicas, min_insync = replication_for(settings, brokers)
     datadir = options.datadir or settings.home / "streams" / options.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -492,6 +513,7 @@ def create_app(
         broker_commit_interval=options.commit_interval_s,
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
+        topic_replication_factor=replicas,
     )
     source = app.topic(
         settings.topics["requests"],
@@ -508,6 +530,7 @@ def create_app(
         partitions=settings.requests_partitions,
         key_type=bytes,
         value_type=bytes,
+        extra_topic_configs={"min.insync.replicas": str(min_insync)},
     )
     runtime = StreamsRuntime(
         settings=settings,

@@ -10,6 +10,7 @@ import click
 from cacheroute.errors import CacheRouteError
 from cacheroute.gateway.config import CONFIG_KEYS, build_config, load_file
 from cacheroute.gateway.keys import DEFAULT_KEY_RULE
+from cacheroute.kafkaio import check_credentials
 from cacheroute.settings import Settings
 
 __all__ = ["gateway"]
@@ -121,6 +122,10 @@ def gateway(
         read_timeout_s=read_timeout_s,
         kafka=False if no_kafka else None,
     )
+    if config.kafka:
+        # A refused login is one line now; without this the plan follower retries it until its
+        # discovery gives up and blames "no Kafka broker answers" about 10 s later.
+        check_credentials(settings, doing="starting the gateway")
     try:
         gw = Gateway(config, settings)
     except CacheRouteError as exc:

@@ -138,6 +138,10 @@ def start(
                         "bootstrap": started.bootstrap,
                         "pids": list(started.pids),
                         "brokers": brokers,
+                        "nodes": [
+                            {"node_id": n.node_id, "bootstrap": n.bootstrap, "pid": pid}
+                            for n, pid in zip(cluster.nodes, started.pids, strict=True)
+                        ],
                         "already_running": started.already_running,
                         "version": dist.version,
                         "seconds": round(started.seconds, 2),

@@ -82,6 +82,7 @@ def run(
     from cacheroute.logs import faust_logging_config  # noqa: PLC0415
     from cacheroute.streams.app import StreamsOptions, create_app  # noqa: PLC0415
     from cacheroute.streams.config import StreamConfig  # noqa: PLC0415
+    from cacheroute.topics import cluster_brokers  # noqa: PLC0415
 
     config = StreamConfig(
         window_ms=window_ms,
@@ -94,7 +95,13 @@ def run(
         app_id=app_id, flush_interval_s=flush_interval, commit_interval_s=commit_interval
     )
     check_credentials(settings, doing="starting the streams worker")  # refused login: one line
-    app, runtime = create_app(settings, config, options)
+    # the changelog is replicated like the topics: an explicit factor needs no question
+    brokers = (
+        1
+        if settings.replication_factor
+        else cluster_brokers(settings, doing="starting the streams worker")
+    )
+    app, runtime = create_app(settings, config, options, brokers=brokers)
     if metrics_port is not None:
         start_http_server(metrics_port, addr="127.0.0.1", registry=runtime.metrics.registry)
         logging.getLogger(__name__).warning("metrics on http://127.0.0.1:%d/metrics", metrics_port)

@@ -63,6 +63,21 @@ def render_outcomes(outcomes: list[TopicOutcome], console: Console) -> None:
     help="Afterwards, print the kafka-acls commands that give each role (gateway, streams, "
     "planner, admin) exactly what it needs on these topics (on stderr with --json).",
 )
+@click.option(
+    "--replication-factor",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replicas per partition of new topics [default: CACHEROUTE_REPLICATION_FACTOR, else "
+    "min(3, brokers)]. Existing topics keep theirs (a warning names the reassignment to run).",
+)
+@click.option(
+    "--min-insync-replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="min.insync.replicas of the topics [default: CACHEROUTE_MIN_INSYNC_REPLICAS, else 2 "
+    "with 3 or more replicas, 1 below]. At most the replication factor; below 2 with 3 or more "
+    "replicas is refused (plans must never run with fewer than 2 in sync).",
+)
 @_STREAMS_APP_ID
 @_PLANNER_GROUP
 @_COMMAND_CONFIG
@@ -71,11 +86,17 @@ def ensure(
     settings: Settings,
     as_json: bool,
     print_acls: bool,
+    replication_factor: int | None,
+    min_insync_replicas: int | None,
     streams_app_id: str,
     planner_group: str,
     command_config: str,
 ) -> None:
     """Create missing topics; bring configs of existing ones to the settings."""
+    # validated like the environment variables (Settings.validate), the rest by replication_for
+    settings = settings.with_overrides(
+        replication_factor=replication_factor, min_insync_replicas=min_insync_replicas
+    )
     outcomes = ensure_topics(settings)
     if print_acls:
         rules = deployment_acls(

@@ -5,12 +5,13 @@ One secure broker per session, started the way an operator would (`cacheroute ka
 touches the PLAINTEXT broker the other tests use. What is checked, on the real broker:
 - the gateway principal may not write `plans` (authorization error, plain and transactional); the
   planner principal may, and the gateway reads what it wrote;
-- a wrong password is one line naming the cause, quickly, for `topics list` and `doctor`; doctor
-  tells authentication and authorization problems apart from a missing broker or topic;
+- a wrong password is one line naming the cause, quickly, for `topics list`, `doctor` and the
+  services (`planner run`, `gateway`, `streams run`); doctor tells authentication and
+  authorization problems apart from a missing broker or topic;
 - the whole pipeline runs with each process holding only its own credentials (gateway emitter and
   dispatcher, streams worker, planner), and a dispatcher refused by an ACL keeps its last plan and
   says why;
-- no generated password appears in any output or log of all this.
+- no generated password appears in any output or log of all this, the broker's own included.
 """
 
 from __future__ import annotations
@@ -311,15 +312,41 @@ def test_wrong_password_is_one_line_naming_the_cause(
         .startswith("error: Kafka authentication failed as User:gateway (SCRAM-SHA-512)")
     )
 
+    # ... and so do the gateway (whose plan follower would otherwise blame a missing broker
+    # after ~10 s) and the streams worker: one line, nothing else, before any port is opened
+    refused_starts = {
+        "gateway": ["gateway", "--backend", "d0=http://127.0.0.1:9", "--port", str(free_port())],
+        "streams run": ["streams", "run", "--app-id", f"{secure_cluster.prefix}refused"],
+    }
+    services: list[subprocess.CompletedProcess[str]] = []
+    for name, argv in refused_starts.items():
+        began = time.monotonic()
+        service = secure_cluster.cli(None, *argv, kafka_config=bad)
+        took = time.monotonic() - began
+        services.append(service)
+        assert service.returncode == 1, (name, service.stderr)
+        assert service.stdout == "", name
+        assert service.stderr.count("\n") == 1, (name, service.stderr)  # one line, no traceback
+        assert service.stderr.startswith(
+            f"error: Kafka authentication failed as User:gateway (SCRAM-SHA-512) at "
+            f"{secure_cluster.bootstrap}: SASL authentication error: Authentication failed "
+            "during authentication due to invalid credentials with SASL mechanism "
+            "SCRAM-SHA-512. Check the username and password"
+        ), (name, service.stderr)
+        assert str(bad) in service.stderr, name
+        assert took < 15, f"{name}: a refused login took {took:.1f}s"
+
     doctor = secure_cluster.cli(None, "doctor", "--json", kafka_config=bad)
     assert doctor.returncode == 1, doctor.stderr
     report = json.loads(doctor.stdout)
     assert report["broker_reachable"] is True
     assert [f["check"] for f in report["findings"]] == ["kafka-authentication"]
     assert "Traceback" not in doctor.stderr + listed.stderr
-    for text in (listed.stdout, listed.stderr, doctor.stdout, doctor.stderr, planner.stderr):
+    outputs = [listed.stdout, listed.stderr, doctor.stdout, doctor.stderr, planner.stderr]
+    outputs += [svc.stdout + svc.stderr for svc in services]
+    for text in outputs:
         assert wrong not in text
-    secure_cluster.assert_no_secrets(listed.stderr, doctor.stdout, doctor.stderr)
+    secure_cluster.assert_no_secrets(*outputs)
 
 
 def test_cli_and_doctor_name_authorization_problems(secure_cluster: SecureCluster) -> None:
@@ -538,4 +565,22 @@ def test_pipeline_runs_with_one_principal_per_process(
         _stop(worker)
         logs = (tmp_path / "streams.log").read_text() + (tmp_path / "planner.log").read_text()
     assert "AUTHORIZATION_FAILED" not in logs, logs[-4000:]  # each had exactly what it needs
-    secure_cluster.assert_no_secrets(logs, caplog.text)
+    broker_logs = _broker_logs(secure_cluster.broker)
+    assert secure_cluster.broker.log_file.name in broker_logs  # server.log (and rotated parts)
+    assert secure_cluster.broker.stdout_file.name in broker_logs  # the JVM's stdout/stderr
+    # the broker logs its SCRAM users and their ACLs by name (the passwords: never, checked next)
+    server_log = broker_logs[secure_cluster.broker.log_file.name]
+    assert "UserScramCredentialRecord creating new entry for planner" in server_log
+    assert "principal=User:planner" in server_log
+    secure_cluster.assert_no_secrets(logs, caplog.text, *broker_logs.values())
+
+
+def _broker_logs(broker: LocalBroker) -> dict[str, str]:
+    """File name -> text of every log the broker wrote: server.log and its rotated parts, and
+    the JVM's stdout/stderr (where anything printed before logging is up lands)."""
+    folder = broker.log_file.parent
+    return {
+        path.name: path.read_text(errors="replace")
+        for path in sorted(folder.iterdir())
+        if path.is_file()
+    }

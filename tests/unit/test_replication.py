@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from cacheroute.cli.main import cli
 from cacheroute.doctor import FAIL, OK, WARN, PartitionReplicas, check_replication
 from cacheroute.errors import CacheRouteError, ConfigError
 from cacheroute.localkafka.cluster import LocalCluster
@@ -30,13 +35,57 @@ def test_replication_follows_the_cluster(brokers: int, want: tuple[int, int]) ->
 def test_replication_settings_override_and_validate() -> None:
     env = {"CACHEROUTE_REPLICATION_FACTOR": "2", "CACHEROUTE_MIN_INSYNC_REPLICAS": "2"}
     assert replication_for(Settings.from_env(env), 5) == (2, 2)
-    assert replication_for(Settings(min_insync_replicas=1), 3) == (3, 1)
+    assert replication_for(Settings(min_insync_replicas=1), 2) == (2, 1)  # fewer than 3 replicas
+    assert replication_for(Settings(min_insync_replicas=3), 5) == (3, 3)
     with pytest.raises(ConfigError, match="exceeds CACHEROUTE_REPLICATION_FACTOR"):
         Settings.from_env(
             {"CACHEROUTE_REPLICATION_FACTOR": "2", "CACHEROUTE_MIN_INSYNC_REPLICAS": "3"}
         )
     with pytest.raises(ConfigError, match="must be 0"):
         Settings.from_env({"CACHEROUTE_REPLICATION_FACTOR": "-1"})
+
+
+MIN_ISR_1_REFUSED = (
+    "CACHEROUTE_MIN_INSYNC_REPLICAS=1 with 3 replicas: plans and the streams changelogs must "
+    "never run with fewer than 2 in sync (an acknowledged plan could live on one broker only); "
+    "unset it (automatic: 2) or set it to 2 or more (`topics ensure` flag: --min-insync-replicas)"
+)
+
+
+def test_min_insync_below_two_is_refused_with_three_replicas() -> None:
+    """`plans` and the changelogs never run with 1 in sync on a replicated cluster: an explicit
+    factor is refused when the settings are read, the automatic one once the cluster is known."""
+    auto = Settings(min_insync_replicas=1)
+    with pytest.raises(ConfigError) as refused:
+        replication_for(auto, 3)
+    assert str(refused.value) == MIN_ISR_1_REFUSED
+    with pytest.raises(ConfigError) as refused:
+        topic_specs(auto, 5)
+    assert str(refused.value) == MIN_ISR_1_REFUSED
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(
+            {"CACHEROUTE_REPLICATION_FACTOR": "3", "CACHEROUTE_MIN_INSYNC_REPLICAS": "1"}
+        )
+    assert str(refused.value) == MIN_ISR_1_REFUSED
+    with pytest.raises(ConfigError) as refused:
+        Settings().with_overrides(replication_factor=4, min_insync_replicas=1)
+    assert str(refused.value).startswith("CACHEROUTE_MIN_INSYNC_REPLICAS=1 with 4 replicas: ")
+    # on one broker, 1 in sync is all there can be
+    assert replication_for(auto, 1) == (1, 1)
+
+
+def test_min_insync_above_the_automatic_factor_is_refused() -> None:
+    """Kafka creates a topic whose min.insync.replicas exceeds its replicas, then refuses every
+    acks=all write: with the factor automatic, it is caught once the cluster's size is known."""
+    with pytest.raises(ConfigError) as refused:
+        replication_for(Settings(min_insync_replicas=2), 1)
+    assert str(refused.value) == (
+        "CACHEROUTE_MIN_INSYNC_REPLICAS (2) exceeds the replication factor (1, from the "
+        "cluster's 1 broker(s)): no write could succeed; lower it, or set "
+        "CACHEROUTE_REPLICATION_FACTOR (`topics ensure` flags: --min-insync-replicas, "
+        "--replication-factor)"
+    )
+    assert replication_for(Settings(min_insync_replicas=2), 3) == (3, 2)
 
 
 def _r(leader: int, replicas: tuple[int, ...], isr: tuple[int, ...]) -> PartitionReplicas:
@@ -107,3 +156,58 @@ def test_cluster_quorum_is_made_once_and_rendered(tmp_path: Path) -> None:
     assert props["transaction.state.log.min.isr"] == "2"
     with pytest.raises(CacheRouteError, match="holds a 3-node cluster"):
         LocalCluster(tmp_path, port=19100, brokers=5)
+
+
+def _topics_ensure(*flags: str) -> subprocess.CompletedProcess[str]:
+    """`cacheroute topics ensure FLAGS` against no broker: what is checked here is refused before
+    any connection (one would end in "no Kafka broker answers" instead)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEROUTE_")}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cacheroute",
+            "--bootstrap",
+            "127.0.0.1:1",
+            "topics",
+            "ensure",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env | {"COLUMNS": "80"},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_topics_ensure_replication_flags_are_validated_like_the_settings() -> None:
+    refused = _topics_ensure("--replication-factor", "3", "--min-insync-replicas", "1")
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == f"error: {MIN_ISR_1_REFUSED}\n"  # one line at any terminal width
+
+    exceeds = _topics_ensure("--replication-factor", "2", "--min-insync-replicas", "3")
+    assert exceeds.returncode == 1
+    assert exceeds.stderr == (
+        "error: CACHEROUTE_MIN_INSYNC_REPLICAS (3) exceeds CACHEROUTE_REPLICATION_FACTOR (2): "
+        "no write could succeed (`topics ensure` flags: --min-insync-replicas, "
+        "--replication-factor)\n"
+    )
+    zero = _topics_ensure("--replication-factor", "0")
+    assert zero.returncode == 2  # a usage error
+    assert "Invalid value for '--replication-factor': 0 is not in the range x>=1." in zero.stderr
+    assert "Traceback" not in refused.stderr + exceeds.stderr + zero.stderr
+
+
+def test_topics_ensure_help_names_the_replication_flags() -> None:
+    result = CliRunner().invoke(cli, ["topics", "ensure", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "--replication-factor INTEGER RANGE Replicas per partition of new topics [default: "
+        "CACHEROUTE_REPLICATION_FACTOR, else min(3, brokers)]."
+    ) in text
+    assert (
+        "--min-insync-replicas INTEGER RANGE min.insync.replicas of the topics [default: "
+        "CACHEROUTE_MIN_INSYNC_REPLICAS, else 2 with 3 or more replicas, 1 below]."
+    ) in text
