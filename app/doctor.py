@@ -754,20 +754,24 @@ def _topic_findings(
     partitions = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
     present = [s.name for s in specs if s.name in partitions]
     readable = True
+    unreadable_fix = "run the doctor with the admin credentials to check the configs"
     try:
-        configs = describe_topic_configs(admin, present) if present else {}
-    except KafkaException as exc:
-        if not is_authorization_error(exc):
-            raise
+        configs = describe_topic_configs(admin, present, timeout=opts.timeout_s) if present else {}
+    except (KafkaException, TimeoutError) as exc:
+        # never a traceback: a broker that died and is not fenced yet can swallow the request
         readable = False
         configs = {s.name: dict(s.config) for s in specs if s.name in partitions}
-        findings.append(
-            check_access(
-                "authorization",
-                explain_kafka_error(settings, exc, doing="describing topic configs")[1],
-                principal,
+        if isinstance(exc, KafkaException) and is_authorization_error(exc):
+            findings.append(
+                check_access(
+                    "authorization",
+                    explain_kafka_error(settings, exc, doing="describing topic configs")[1],
+                    principal,
+                )
             )
-        )
+        else:
+            unreadable_fix = "run the doctor again in a minute (a broker may be down or electing)"
+            findings.append(_unreadable("topic-configs", "the topic configs", settings, exc))
     missing = [s.name for s in specs if s.name not in partitions]
     denied = (
         _denied_topics(admin, missing, opts.timeout_s) if settings.kafka_security.uses_sasl else []
@@ -781,7 +785,7 @@ def _topic_findings(
                 f.message.replace(
                     "configs as specified", "configs not readable by " + str(principal)
                 ),
-                "run the doctor with the admin credentials to check the configs",
+                unreadable_fix,
                 f.detail,
             )
             if f.status == OK

@@ -171,12 +171,18 @@ def make_admin(settings: Settings | str) -> AdminClient:
     return AdminClient(admin_config(settings))
 
 
-def describe_topic_configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
-    """Current config values of the named topics."""
+def describe_topic_configs(
+    admin: AdminClient, names: list[str], *, timeout: float = 30.0
+) -> dict[str, dict[str, str]]:
+    """Current config values of the named topics.
+
+    Raises `TimeoutError` when no answer comes within `timeout` s: the request goes to one
+    broker, which may be one that died and is not fenced yet.
+    """
     resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
     out: dict[str, dict[str, str]] = {}
-    for res, fut in admin.describe_configs(resources).items():
-        entries = fut.result(timeout=30)
+    for res, fut in admin.describe_configs(resources, request_timeout=timeout).items():
+        entries = fut.result(timeout=timeout)
         out[res.name] = {k: v.value for k, v in entries.items() if v.value is not None}
     return out
 
