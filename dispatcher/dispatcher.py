@@ -25,6 +25,7 @@ from cacheroute.dispatcher.routing import (
     DEFAULT_COLD_LOAD_FACTOR,
     DEFAULT_SPILL_FACTOR,
     DEFAULT_SPILL_MIN_INFLIGHT,
+    DEFAULT_UNIT_TOKENS,
     PlanLike,
     RouteKind,
     Router,
@@ -73,6 +74,12 @@ class DispatcherConfig:
     cold_choices: int = 2
     """A key new to this gateway goes to the less loaded of its 2 consistent candidates (1: the
     first only)."""
+    unit_tokens: int = DEFAULT_UNIT_TOKENS
+    """`request(key, prompt_tokens=P)` weighs a request 1 + P's tokens not expected in the
+    destination's cache // this (`Router.work_units`)."""
+    context_slack: bool = True
+    """A key may stay where its context is cached past the load bounds by what recomputing the
+    context would cost (`Router.context_slack`; needs `prompt_tokens`)."""
 
 
 class InFlight:
@@ -83,13 +90,22 @@ class InFlight:
     documented path allocates nothing and runs no generator machinery.
     """
 
-    __slots__ = ("destination", "index", "release_fn", "units")
+    __slots__ = ("destination", "index", "release_fn", "settle_fn", "units")
 
     def __init__(self, router: Router, index: int, units: int, destination: str) -> None:
         self.release_fn = router.release
+        self.settle_fn = router.settle
         self.index = index
         self.units = units
         self.destination = destination
+
+    def first_token(self) -> None:
+        """The answer's first byte arrived: the prompt is prefilled, so all but one unit (the
+        decode) stop counting. The load then tracks the prefill queued at each destination,
+        which is what time to first token waits for. Optional; call it at most once."""
+        if self.units > 1:  # one-unit objects are shared and never change
+            self.settle_fn(self.index, self.units - 1)
+            self.units = 1
 
     def __enter__(self) -> str:
         return self.destination
@@ -128,6 +144,8 @@ class Dispatcher:
             cold_affinity=self.config.cold_affinity,
             cold_load_factor=self.config.cold_load_factor,
             cold_choices=self.config.cold_choices,
+            unit_tokens=self.config.unit_tokens,
+            context_slack=self.config.context_slack,
         )
         self.clock = clock
         self.health_check = health_check
@@ -156,19 +174,28 @@ class Dispatcher:
         )
 
     # ------------------------------------------------------------------------------ routing
-    def request(self, key: str, units: int = 1) -> InFlight:
+    def request(self, key: str, units: int = 1, *, prompt_tokens: int | None = None) -> InFlight:
         """Route `key` and count it in flight until the `with` block ends; `as` gives the name.
 
-            with dispatcher.request(key, units=1 + prompt_tokens // 512) as destination:
+            with dispatcher.request(key, prompt_tokens=n) as destination:
                 ...  # send the request, stream the answer; released when the block exits
 
-        `units` is the request's load: 1 balances request counts; a gateway that knows the prompt
-        length passes e.g. 1 + prompt_tokens // 512, so a long prompt weighs what it costs. The
-        request is routed and counted at the call, so an async gateway may also keep the returned
-        object and call `release()` itself when the last byte went out. Never raises.
+        The request's load: with `prompt_tokens`, 1 + the prompt's tokens not expected in the
+        destination's cache // `unit_tokens` (a conversation's next turn, sent where its last
+        turn went, weighs only its new message; `Router.work_units`), and the key gets its
+        context slack; call `first_token()` on the returned object when the first byte of the
+        answer arrives to keep only the decode unit. Without, `units` (1: balance request
+        counts). The request is routed and counted at the call, so an async gateway may also
+        keep the returned object and call `release()` itself when the last byte went out.
+        Never raises.
         """
         router = self.router
         i = router.route_index(key)
+        if prompt_tokens is not None:
+            try:
+                units = router.work_units(key, i, int(prompt_tokens))
+            except (TypeError, ValueError):  # a hostile count: weigh it as one request
+                units = 1
         router.acquire(i, units)
         if units == 1:
             return self._held[i]  # immutable, shared: no allocation on the common path

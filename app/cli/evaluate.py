@@ -41,6 +41,7 @@ from cacheroute.replay.evaluate import (
 from cacheroute.replay.fleet import DEALS, FleetConfig
 from cacheroute.replay.metrics import SLO_METRICS
 from cacheroute.replay.policies import POLICY_NAMES
+from cacheroute.replay.policy import WARM_SLOTS
 from cacheroute.replay.report import (
     EvidenceRun,
     evidence_checks,
@@ -244,7 +245,12 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
 @click.option(
     "--q-cap-factor", default=1.0, show_default=True, help="q_cap = this x the measured knee."
 )
-@click.option("--warm-slots", default=128, show_default=True, help="W per destination.")
+@click.option(
+    "--warm-slots",
+    default=WARM_SLOTS,
+    show_default=True,
+    help="W: keys planned per destination (C = R x W); the rest take the cold path.",
+)
 @click.option("--intervals", default=15, show_default=True, help="Re-plans per replay.")
 @click.option("--oracle", is_flag=True, help="Plan once from the true rates.")
 @click.option("--rate-decay", default=1.0, show_default=True, help="1 = all rates so far.")

@@ -1,11 +1,13 @@
 """The proxy: POST /v1/chat/completions and /v1/completions, routed by the dispatcher.
 
 Per request: read the body (bounded), check it is a JSON object naming a model, compute its
-routing key and load units (1 + estimated prompt tokens // 512), route it, and forward the
-client's bytes unchanged to the chosen backend over a pooled keep-alive connection. The request
-counts in flight on its backend from the send until the last byte of the answer reached the client
-(`acquire`/`release` around the whole exchange, streaming included), which is the load the
-dispatcher balances.
+routing key and estimate its prompt tokens, route it, and forward the client's bytes unchanged to
+the chosen backend over a pooled keep-alive connection. The request counts in flight on its
+backend from the send until the last byte of the answer reached the client (`acquire`/`release`
+around the whole exchange, streaming included), which is the load the dispatcher balances: until
+the backend's first byte it weighs 1 + the prompt's tokens not expected in that backend's cache
+// 512 (`Router.work_units`: a conversation's next turn on the backend of its last turn weighs
+only its new message), afterwards 1 (the prefill is done; the decode goes on).
 
 Streams are relayed chunk by chunk as they arrive (`iter_any`): nothing is buffered, and the
 response is started only when the backend's first chunk is there, so a backend that fails before
@@ -22,9 +24,10 @@ prompt tokens from the backend's `usage` (else the estimate) and the cached toke
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -33,6 +36,7 @@ from aiohttp import web
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.routing import Router
 from cacheroute.gateway.config import Backend, GatewayConfig
 from cacheroute.gateway.errors import error_payload
 from cacheroute.gateway.health import BackendHealth
@@ -48,23 +52,23 @@ from cacheroute.openai_api import (
     prompt_text,
 )
 
-__all__ = ["BACKEND_HEADER", "Proxy", "json_error", "load_units"]
+__all__ = ["BACKEND_HEADER", "Proxy", "json_error"]
 
 log = logging.getLogger(__name__)
 
 BACKEND_HEADER = "x-cacheroute-backend"
 """Response header naming the backend that served the request."""
-UNITS_PER_TOKENS = 512
 _FORWARDED = ("Accept", "X-Request-Id", "Idempotency-Key")
 _RETURNED = ("X-Request-Id",)
 _ENDPOINTS = frozenset({CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH})
 _UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
-def load_units(prompt_tokens: int) -> int:
-    """The request's weight for the dispatcher: 1 + prompt tokens // 512 (a long prompt weighs
-    what it costs the replica)."""
-    return 1 + max(0, prompt_tokens) // UNITS_PER_TOKENS
+def _settle(router: Router, index: int, held: list[int]) -> None:
+    """Keep only the decode unit of a request whose first byte arrived (`held[0]` = units)."""
+    if held[0] > 1:
+        router.settle(index, held[0] - 1)
+        held[0] = 1
 
 
 def json_error(reason: str, message: str) -> web.Response:
@@ -90,6 +94,15 @@ class _Exchange:
     usage: Usage | None = None
     response: web.StreamResponse | None = None
     first_byte: float = 0.0
+    settle: Callable[[], None] | None = None
+    """Called once at the first byte from the backend: the prompt is prefilled."""
+
+    def reached_first_byte(self) -> None:
+        """Stamp the first byte and settle the request's prefill load (once)."""
+        self.first_byte = time.perf_counter()
+        if self.settle is not None:
+            self.settle()
+            self.settle = None
 
 
 class Proxy:
@@ -177,7 +190,6 @@ class Proxy:
         """Route, forward, retry once on another backend; always release and emit."""
         router = self.dispatcher.router
         endpoint = request.path
-        units = load_units(estimate)
         ex = _Exchange()
         failure = ""
         try:
@@ -186,7 +198,12 @@ class Proxy:
                 if not router.up[i]:  # everything is down: the router fell back to any name
                     break
                 backend = self.backends[i]
+                # the prompt's tokens not expected in i's cache weigh until the first byte, then
+                # only the decode unit (dispatcher.request(key, prompt_tokens=...) does the same)
+                units = router.work_units(key, i, estimate)
+                held = [units]
                 router.acquire(i, units)
+                ex.settle = functools.partial(_settle, router, i, held)
                 try:
                     resp = await self._forward(request, backend, raw, ex)
                 except _UpstreamFailedError as exc:
@@ -198,7 +215,8 @@ class Proxy:
                         continue
                     break
                 finally:
-                    router.release(i, units)
+                    ex.settle = None
+                    router.release(i, held[0])
                 self.metrics.requests.labels(endpoint, f"{resp.status // 100}xx").inc()
                 return resp
         except _ClientGoneError:
@@ -282,7 +300,7 @@ class Proxy:
                 if ctype.startswith("text/event-stream"):
                     return await self._relay(request, upstream, backend, ex)
                 body = await upstream.read()
-                ex.first_byte = time.perf_counter()
+                ex.reached_first_byte()
                 ex.backend = backend
                 self.metrics.backend_requests.labels(backend.name, "ok").inc()
                 if upstream.status < 300:
@@ -309,7 +327,7 @@ class Proxy:
         except StopAsyncIteration:
             chunk = b""
         # upstream errors so far propagate: nothing reached the client, the caller may retry
-        ex.first_byte = time.perf_counter()
+        ex.reached_first_byte()
         ex.backend = backend
         out = web.StreamResponse(
             status=upstream.status, headers=self._client_headers(upstream, backend)

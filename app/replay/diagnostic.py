@@ -71,7 +71,7 @@ from cacheroute.planner.admission import admit, replica_counts
 from cacheroute.planner.kernels import python_kernels
 from cacheroute.replay.jit import njit
 from cacheroute.replay.planned import rendezvous_order
-from cacheroute.replay.policy import key_hashes
+from cacheroute.replay.policy import WARM_SLOTS, key_hashes
 from cacheroute.replay.requestset import FloatArray, IntArray, RequestSet
 from cacheroute.replay.service import ServiceModel
 
@@ -480,7 +480,7 @@ def diagnose(
     tie_gain: float = 1.03,
     pinned_for_loss: float = 0.5,
     q_cap: float | None = None,
-    warm_slots: int = 128,
+    warm_slots: int = WARM_SLOTS,
     fair_share: float | None = 1.0,
     gateways: int = 1,
     cold_affinity: bool = True,

@@ -176,8 +176,13 @@ def _advance(  # noqa: PLR0917 - one flat event loop
     enext: IntArray,
     dstate: IntArray,
     scratch: IntArray,
+    first: IntArray,
 ) -> int:
-    """Run replica d's events up to time t; returns the new completion count."""
+    """Run replica d's events up to time t; returns the new completion count.
+
+    Requests whose prompt finished prefill (their first token) are appended to `first`, whose
+    element 0 holds the count (a gateway learns of a first token when the first byte streams).
+    """
     m = si.shape[1]
     while True:
         if di[d, _RUN] == 0:
@@ -201,6 +206,8 @@ def _advance(  # noqa: PLR0917 - one flat event loop
             si[d, slot, _PHASE] = 1
             di[d, _PRE] -= 1
             out_f[req, 1] = te
+            first[0] += 1
+            first[first[0]] = req
             if sf[d, slot, _LEFT] <= _EPS:
                 done = True
             else:
@@ -259,6 +266,7 @@ def engine_step(  # noqa: PLR0917 - one call per request: flat state keeps it ch
     enext: IntArray,
     dstate: IntArray,
     scratch: IntArray,
+    first: IntArray,
 ) -> int:
     """Submit request i to replica d at its arrival, advance all replicas to t_next.
 
@@ -268,7 +276,7 @@ def engine_step(  # noqa: PLR0917 - one call per request: flat state keeps it ch
     t = times[i]
     ncomp = _advance(
         d, t, df, di, sf, si, qnext, prompt, output, boff, bids, block_tokens, sv, chunk_s,
-        out_f, out_i, comp, ncomp, cap, tkeys, tvals, ekey, eprev, enext, dstate, scratch,
+        out_f, out_i, comp, ncomp, cap, tkeys, tvals, ekey, eprev, enext, dstate, scratch, first,
     )  # fmt: skip
     out_i[i, 0] = d
     if di[d, _RUN] < si.shape[1]:
@@ -292,7 +300,7 @@ def engine_step(  # noqa: PLR0917 - one call per request: flat state keeps it ch
             ncomp = _advance(
                 e, t_next, df, di, sf, si, qnext, prompt, output, boff, bids, block_tokens, sv,
                 chunk_s, out_f, out_i, comp, ncomp, cap, tkeys, tvals, ekey, eprev, enext,
-                dstate, scratch,
+                dstate, scratch, first,
             )  # fmt: skip
     return ncomp
 
@@ -317,6 +325,8 @@ class Engine:
     out_f: FloatArray
     out_i: IntArray
     comp: IntArray
+    first: IntArray
+    """first[0] = how many requests got their first token in the last step; first[1:] = which."""
     cache: CacheState
     scratch: IntArray
     _args: tuple[Any, ...] | None = None
@@ -359,6 +369,7 @@ class Engine:
             out_f=out_f,
             out_i=np.zeros((n, 2), dtype=np.int64),
             comp=np.zeros(n + 1, dtype=np.int64),
+            first=np.zeros(n + 1, dtype=np.int64),
             cache=new_cache(r, service.cache_tokens // requests.block_tokens),
             scratch=np.zeros(int(sizes.max()) + 1 if sizes.size else 1, dtype=np.int64),
         )
@@ -372,9 +383,15 @@ class Engine:
                 q.times, self.df, self.di, self.sf, self.si, self.qnext, q.prompt_tokens,
                 q.output_tokens, q.block_offsets, q.block_ids, q.block_tokens, self.sv,
                 self.service.chunk_s, self.out_f, self.out_i, self.comp, c.cap, c.tkeys, c.tvals,
-                c.ekey, c.eprev, c.enext, c.dstate, self.scratch,
+                c.ekey, c.eprev, c.enext, c.dstate, self.scratch, self.first,
             )  # fmt: skip
+        self.first[0] = 0
         return engine_step(i, d, t_next, *args)
+
+    def first_tokens(self) -> list[int]:
+        """Requests whose first token came in the last `step` (prefill done), in time order."""
+        out: list[int] = self.first[1 : int(self.first[0]) + 1].tolist()
+        return out
 
     def queued(self) -> IntArray:
         """Requests waiting in each replica's queue right now."""

@@ -59,7 +59,7 @@ from cacheroute.replay.fleet import FleetConfig
 from cacheroute.replay.metrics import RunMetrics, SloMetric
 from cacheroute.replay.planned import rendezvous_order
 from cacheroute.replay.policies import POLICY_NAMES
-from cacheroute.replay.policy import PlanConfig, PolicyContext, key_hashes
+from cacheroute.replay.policy import WARM_SLOTS, PlanConfig, PolicyContext, key_hashes
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.simulator import SimConfig, simulate
 
@@ -115,7 +115,7 @@ class EvalConfig:
     q_cap: float | None = None
     q_cap_factor: float = 1.0
     """Without `q_cap`: q_cap = this x the measured knee."""
-    warm_slots: int = 128
+    warm_slots: int = WARM_SLOTS
     intervals: int = 15
     """Control intervals per replay (the interval is the replay's duration / this)."""
     oracle: bool = False
@@ -129,7 +129,11 @@ class EvalConfig:
     spill_min_inflight: int = DEFAULT_SPILL_MIN_INFLIGHT
     """...once the destination holds at least this many load units from the gateway."""
     work_unit_tokens: int | None = 512
-    """cacheroute's gateways weigh a request 1 + prompt tokens // this in flight (None: 1)."""
+    """cacheroute's gateways weigh a request 1 + uncached prompt tokens // this until its first
+    token, then 1 (None: 1 throughout)."""
+    context_slack: bool = True
+    """cacheroute's gateways let a key stay over the load bounds where its context is cached by
+    what recomputing it would cost (False: the plain bounds; an ablation)."""
     cold_load_factor: float = 1.25
     """cacheroute's cold-path bound (CHWBL's c) on this gateway's in-flight load."""
     cold_affinity: bool = True
@@ -419,6 +423,7 @@ class _Runner:
             work_unit_tokens=self.cfg.work_unit_tokens,
             cold_load_factor=self.cfg.cold_load_factor,
             cold_affinity=self.cfg.cold_affinity,
+            context_slack=self.cfg.context_slack,
         )
 
     def passes(self, m: RunMetrics) -> bool:

@@ -118,6 +118,7 @@ class Fleet:
         self.dest: list[int] = [0] * ctx.requests.n
         self._route = [m.route for m in self.members]
         self._release = [m.release for m in self.members]
+        self._first = [m.first_token for m in self.members]
         leader = self.members[0]
         self.planner: _Planned | None = leader if isinstance(leader, _Planned) else None
         self.pending: deque[tuple[float, RoutingTable]] = deque()
@@ -148,6 +149,10 @@ class Fleet:
     def release(self, i: int) -> None:
         """Request i finished: only the gateway that sent it learns of it."""
         self._release[self.gateway_of[i]](self.dest[i], i)
+
+    def first_token(self, i: int) -> None:
+        """Request i's first token streamed back: only the gateway that sent it sees it."""
+        self._first[self.gateway_of[i]](self.dest[i], i)
 
     def tick(self, t: float, i: int) -> None:
         """Control-interval boundary: the shared planner re-plans; other policies get the tick."""

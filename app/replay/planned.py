@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from cacheroute.dispatcher.routing import (
+    DEFAULT_UNIT_TOKENS,
     RouteKind,
     Router,
     RoutingTable,
@@ -83,14 +84,16 @@ class _Planned(Policy):
             spill_min_inflight=cfg.spill_min_inflight,
             cold_affinity=cfg.cold_affinity and self.extensions,
             cold_load_factor=cfg.cold_load_factor,
+            unit_tokens=cfg.work_unit_tokens or DEFAULT_UNIT_TOKENS,
+            context_slack=cfg.context_slack and self.extensions,
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys
         unit = cfg.work_unit_tokens if self.extensions else None
         q = ctx.requests
-        self.units: list[int] = (
-            [1] * q.n if unit is None else (q.prompt_tokens // unit + 1).astype(np.int64).tolist()
-        )
+        self.unit_tokens = unit
+        self.prompts: list[int] = q.prompt_tokens.tolist()
+        self.units: list[int] = [1] * q.n
         self.all_key_index = ctx.requests.key_index
         self.params = PlannerParams(
             q_cap=cfg.q_cap,
@@ -112,9 +115,18 @@ class _Planned(Policy):
             self.install(self._build([self.keys[k] for k in active.tolist()], rates[active], 0.0))
 
     def route(self, i: int, t: float) -> int:
-        d = self.router.route_index(self.keys[self.key_index[i]])
+        key = self.keys[self.key_index[i]]
+        d = self.router.route_index(key)
+        if self.unit_tokens is not None:  # the gateway's weight: uncached prompt + decode
+            self.units[i] = self.router.work_units(key, d, self.prompts[i])
         self.router.acquire(d, self.units[i])
         return d
+
+    def first_token(self, d: int, i: int) -> None:
+        """The prefill is done: keep only the decode unit in flight (as a gateway does)."""
+        if self.units[i] > 1:
+            self.router.settle(d, self.units[i] - 1)
+            self.units[i] = 1
 
     def release(self, d: int, i: int) -> None:
         self.router.release(d, self.units[i])

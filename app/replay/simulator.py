@@ -86,8 +86,8 @@ def simulate(
     n = len(times)
     interval = plan.control_interval_s
     next_tick = times[0] + interval
-    route, release, step = pol.route, pol.release, engine.step
-    comp = engine.comp
+    route, release, first_token, step = pol.route, pol.release, pol.first_token, engine.step
+    comp, first = engine.comp, engine.first
     for i in range(n):
         t = times[i]
         while t >= next_tick:
@@ -95,6 +95,9 @@ def simulate(
             next_tick += interval
         d = route(i, t)
         done = step(i, d, times[i + 1] if i + 1 < n else math.inf)
+        if first[0]:  # before completions: a request's first token precedes its end
+            for c in engine.first_tokens():
+                first_token(c)
         if done:
             for c in comp[:done].tolist():
                 release(c)

@@ -6,7 +6,6 @@ import orjson
 import pytest
 
 from cacheroute.gateway.errors import ERRORS, error_payload
-from cacheroute.gateway.proxy import load_units
 
 
 @pytest.mark.parametrize(
@@ -37,8 +36,3 @@ def test_error_payload(reason: str, status: int, code: str) -> None:
 
 def test_every_reason_is_a_client_or_server_error() -> None:
     assert all(400 <= kind.status < 600 for kind in ERRORS.values())
-
-
-@pytest.mark.parametrize(("tokens", "units"), [(0, 1), (511, 1), (512, 2), (2047, 4), (2048, 5)])
-def test_load_units_follow_the_readme_rule(tokens: int, units: int) -> None:
-    assert load_units(tokens) == units

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -93,3 +94,44 @@ def test_replicas_are_independent(tiny_factory: TinyFactory) -> None:
     q = tiny_factory([[1, 2], [1, 2]], times=[0.0, 1.0], prompt=[40, 40])
     eng = run(q, r=2, dest=[0, 1])
     assert eng.out_i[:, 1].tolist() == [0, 0]  # the second replica has its own, empty cache
+
+
+def test_first_tokens_are_reported_once_in_the_step_that_reaches_them(
+    tiny_factory: TinyFactory,
+) -> None:
+    # request 0: a 50-token prompt alone, first token at prefill(50) = 2 ms + 50 x 40 us +
+    # 1.3 ns x 50^2 / 2 = 4.001625 ms; request 1 arrives at t = 1 s
+    q = tiny_factory([[1], [2]], times=[0.0, 1.0], prompt=[50, 50], output=[10, 10])
+    eng = Engine.create(q, S, 1)
+    assert eng.step(0, 0, 0.001) == 0  # advanced to 1 ms only: not prefilled yet
+    assert eng.first_tokens() == []
+    assert eng.step(1, 0, math.inf) == 2  # runs to the end: both prefill and finish
+    assert eng.first_tokens() == [0, 1]
+    assert eng.out_f[0, 1] == pytest.approx(0.004001625)
+
+
+def test_every_request_gets_one_first_token_no_later_than_its_completion(
+    tiny_factory: TinyFactory,
+) -> None:
+    n = 40
+    q = tiny_factory(
+        [[i % 5, 100 + i] for i in range(n)],
+        times=[0.05 * i for i in range(n)],
+        prompt=[300 + 37 * i for i in range(n)],
+        output=[1 + (i % 7) * 5 for i in range(n)],
+    )
+    eng = Engine.create(q, S, 2)
+    times = q.times.tolist()
+    seen_first: list[int] = []
+    seen_done: list[int] = []
+    for i in range(n):
+        done = eng.step(i, i % 2, times[i + 1] if i + 1 < n else math.inf)
+        seen_first += eng.first_tokens()
+        for c in eng.comp[:done].tolist():
+            assert c in seen_first  # its first token came in this step or before
+            seen_done.append(c)
+    assert sorted(seen_first) == list(range(n))
+    assert sorted(seen_done) == list(range(n))
+    # reported in the order they happened
+    firsts = eng.out_f[:, 1]
+    assert all(firsts[a] <= firsts[b] for a, b in itertools.pairwise(seen_first))
