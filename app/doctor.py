@@ -149,8 +149,9 @@ def check_access(kind: str, message: str, principal: str | None) -> Finding:
     """
     fixes = {
         "authentication": "check the username/password and SASL mechanism the doctor runs with "
-        "(--kafka-config FILE, CACHEROUTE_KAFKA_USERNAME/PASSWORD); the broker's log names the "
-        "failed principal",
+        "(--kafka-config FILE, CACHEROUTE_KAFKA_USERNAME/PASSWORD); the broker logs a failed SCRAM "
+        "login with the client's address only, so compare the user with `kafka-configs "
+        "--describe --entity-type users` on the cluster",
         "tls": "check CACHEROUTE_KAFKA_SSL_CA_FILE (the CA that signed the broker's certificate) "
         "and that the certificate names the address in --bootstrap",
         "authorization": "run the doctor with credentials that may describe the topics and groups "

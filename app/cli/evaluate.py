@@ -326,13 +326,21 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     default=512,
     show_default=True,
     type=click.IntRange(min=0),
-    help="cacheroute: a request weighs 1 + prompt tokens // this in flight; 0: 1 per request.",
+    help="cacheroute: a request weighs 1 + its uncached prompt tokens // this until its first "
+    "token, then 1; 0: 1 per request throughout.",
 )
 @click.option(
     "--cold-affinity/--no-cold-affinity",
     default=True,
     show_default=True,
     help="cacheroute: keys no plan admits go by bounded-load consistent hashing (else P2C).",
+)
+@click.option(
+    "--context-slack/--no-context-slack",
+    default=True,
+    show_default=True,
+    help="cacheroute: a key may exceed the load bounds where its context is cached by what "
+    "recomputing it would cost.",
 )
 @click.option("--cluster-sizes", help="Also sweep R at a fixed load, e.g. 8,30,60.")
 @click.option("--cluster-load", type=float, help="Load of that sweep [default: reference load].")
@@ -490,6 +498,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
             group_separator=opts["group_separator"] or None,
             spill_factor=opts["spill_factor"] or None,
             cold_affinity=opts["cold_affinity"],
+            context_slack=opts["context_slack"],
             work_unit_tokens=opts["work_unit_tokens"] or None,
             cluster_sizes=_ints(opts["cluster_sizes"]),
             cluster_load_qps=opts["cluster_load"],
@@ -588,9 +597,13 @@ dispatcher as deployed, which add five extensions of ours: fair-share sizing, si
 **cold-key affinity** (keys no plan admits - new conversations - go by bounded-load consistent
 hashing on a ring of destination names, the same on every gateway without coordination, and a
 gateway keeps a cold key where it last sent it while that destination is under the bound) and
-**work units** (a request weighs 1 + prompt tokens // 512 in the gateway's in-flight load, so a
-long prompt counts for what it costs). Ties among a key's replicas are broken at random. Runs
-below turn extensions off one at a time. Absolute numbers depend on the service model; the
+**work units** (a request weighs 1 + its prompt tokens not expected in the destination's cache //
+512 in the gateway's in-flight load until its first token, then 1: the load tracks the prefill
+queued at each replica) with **context slack** (a key may exceed the load bounds where its context
+is cached by what recomputing that context would cost). Ties among a key's replicas are broken at
+random. W = 64 keys are planned per destination (`WARM_SLOTS` in `app/replay/policy.py` says how
+that default was chosen, on these runs); the rest take the cold path. Runs below turn extensions
+off one at a time. Absolute numbers depend on the service model; the
 comparisons are what this document is for. It says where CacheRoute does not win.
 
 Method in one paragraph: the SLO is p99 TTFT <= 2 s unless an idle replica's p99 already comes
@@ -682,6 +695,15 @@ _SUITE = (
         options=(
             ("gateways", 4, "--gateways 4"),
             ("work_unit_tokens", 0, "--work-unit-tokens 0"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Conversation workload, G = 1, without context slack (what that extension buys)",
+        "conversation_g1_no_context_slack",
+        workload="conversation",
+        options=(
+            ("context_slack", False, "--no-context-slack"),
             ("policies", "flat-lb,cacheroute", ""),
         ),
     ),
