@@ -1,5 +1,6 @@
 """Dispatcher: the in-gateway library that follows the plan topic and routes each request.
 
-Empty until the dispatcher issue lands; the folder exists now so the package layout and namespace
-mapping are fixed from the first commit.
+`routing` holds the pure decisions (plan table, cold path, load units), `dispatcher` the
+thread-safe `Dispatcher` a gateway embeds, `subscription` the plan follower, and `emitter` the
+batching reporter of every request to the `requests` topic.
 """

@@ -1,6 +1,6 @@
 """The gateway emitter: reports every request to the `requests` topic without slowing the request.
 
-Why it is built this way (issue 4): a faust worker handles about 5,000 Kafka messages per second,
+Why it is built this way: a faust worker handles about 5,000 Kafka messages per second,
 so one message per request cannot scale. `emit` therefore only validates the event and appends it
 to the column buffer of the partition Kafka's default partitioner gives its key (so each key is
 always counted by the same streams worker); a background thread seals each buffer into one

@@ -1,6 +1,6 @@
 """Hostile records and skewed gateway clocks against a real `cacheroute streams run` worker.
 
-Before issue 13 one empty heartbeat dated 2100 moved a partition's watermark to 2100: every later
+Once, one empty heartbeat dated 2100 moved a partition's watermark to 2100: every later
 event counted as late, nothing reached the dead-letter topic, doctor saw nothing, and a restart
 restored the poisoned watermark from the changelog. Here, on the real broker:
 

@@ -1,6 +1,6 @@
 """A plan from the future: gateways treat it as stale (one log line), within the skew margin not.
 
-Probe 6 of issue 13: a planner whose clock runs a day ahead stamps plans with a negative age, and a
+A planner whose clock runs a day ahead stamps plans with a negative age, and a
 negative age used to count as fresh forever, so gateways stayed on a dead planner's last plan.
 """
 

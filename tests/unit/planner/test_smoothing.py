@@ -119,7 +119,7 @@ def test_bad_parameters(kwargs: dict[str, float]) -> None:
         RateSmoother(SmoothingParams(), partitions=0)
 
 
-# --------------------------------------------------------------------- hostile records (issue 13)
+# ------------------------------------------------------------------------------ hostile records
 def test_far_future_window_is_rejected_and_later_windows_still_fold() -> None:
     """A window in 2100 is `invalid` ("future"); it never makes the real windows late."""
     sm = RateSmoother(SmoothingParams(alpha=1.0, max_ahead_ms=5_000), partitions=1)

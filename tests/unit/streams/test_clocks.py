@@ -1,5 +1,5 @@
 """Skewed and hostile clocks in PartitionState: hand-computed answers for the bounds on created_ms,
-event times, summaries and a restored watermark (issue 13).
+event times, summaries and a restored watermark.
 
 Config of every test: 1 s windows, 200 ms grace, 50 ms allowed ahead of the trusted clock.
 """
