@@ -62,7 +62,8 @@ def test_unanswered_topic_configs_are_a_finding_not_a_traceback() -> None:
 
 
 def test_describe_topic_configs_gives_up_after_its_timeout() -> None:
-    admin = AdminClient({"bootstrap.servers": "127.0.0.1:1", "logger": QuietLog()})
+    config: dict[str, Any] = {"bootstrap.servers": "127.0.0.1:1", "logger": QuietLog()}
+    admin = AdminClient(config)
     try:
         describe_topic_configs(admin, ["x"], timeout=0.5)
     except TimeoutError:
