@@ -119,6 +119,10 @@ class Fleet:
         self._route = [m.route for m in self.members]
         self._release = [m.release for m in self.members]
         self._first = [m.first_token for m in self.members]
+        self.wants_first_tokens = any(
+            type(m).first_token is not Policy.first_token for m in self.members
+        )
+        """Whether any gateway acts on first tokens (the simulator skips them otherwise)."""
         leader = self.members[0]
         self.planner: _Planned | None = leader if isinstance(leader, _Planned) else None
         self.pending: deque[tuple[float, RoutingTable]] = deque()

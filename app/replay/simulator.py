@@ -88,6 +88,7 @@ def simulate(
     next_tick = times[0] + interval
     route, release, first_token, step = pol.route, pol.release, pol.first_token, engine.step
     comp, first = engine.comp, engine.first
+    firsts = pol.wants_first_tokens
     for i in range(n):
         t = times[i]
         while t >= next_tick:
@@ -95,7 +96,7 @@ def simulate(
             next_tick += interval
         d = route(i, t)
         done = step(i, d, times[i + 1] if i + 1 < n else math.inf)
-        if first[0]:  # before completions: a request's first token precedes its end
+        if firsts and first[0]:  # before completions: a request's first token precedes its end
             for c in engine.first_tokens():
                 first_token(c)
         if done:
