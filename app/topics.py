@@ -16,7 +16,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -177,12 +177,18 @@ def describe_topic_configs(
     """Current config values of the named topics.
 
     Raises `TimeoutError` when no answer comes within `timeout` s: the request goes to one
-    broker, which may be one that died and is not fenced yet.
+    broker, which may be one that died and is not fenced yet. (librdkafka's own request timeout
+    fires at about the same moment as ours and reports `_TIMED_OUT`: the same thing.)
     """
     resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
     out: dict[str, dict[str, str]] = {}
     for res, fut in admin.describe_configs(resources, request_timeout=timeout).items():
-        entries = fut.result(timeout=timeout)
+        try:
+            entries = fut.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError._TIMED_OUT:
+                raise TimeoutError(f"no broker answered for the configs of {res.name}") from exc
+            raise
         out[res.name] = {k: v.value for k, v in entries.items() if v.value is not None}
     return out
 
