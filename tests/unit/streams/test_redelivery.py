@@ -9,19 +9,15 @@ and records cleared from Faust's buffers after the seek never counted at all.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from cacheroute.schemas import RequestBatch, codec_for
+from cacheroute.schemas import RequestBatch
 from cacheroute.settings import Settings
-from cacheroute.streams.app import StreamsOptions, StreamsRuntime, create_app
-from cacheroute.streams.config import StreamConfig
-from cacheroute.streams.metrics import StreamMetrics
+from cacheroute.streams.app import StreamsOptions, create_app
 from cacheroute.streams.state import PartitionState
 
-CFG = StreamConfig(window_ms=1000, grace_ms=200, reorder_ms=100, buckets=4)
-T0 = 1_700_000_000_000  # a window start, in the past of any worker clock
+from .fakes import CFG, T0, event, make_runtime, metric
+
 Y2100 = 4_102_444_800_000
 
 
@@ -61,69 +57,8 @@ def _batch(events: list[tuple[str, int]], created: int, gw: str = "gw-0") -> Req
     )
 
 
-@dataclass
-class _Message:
-    partition: int
-    offset: int
-    topic: str
-    timestamp: float
-    key: bytes = b"gw-0"
-    timestamp_type: int = 0
-
-
-@dataclass
-class _Event:
-    message: _Message
-    value: bytes
-
-
-@dataclass
-class _Table:
-    data: dict[bytes, bytes] = field(default_factory=dict)
-
-    def send_changelog(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-class _Producer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes | None]] = []
-
-    def produce(self, topic: str, value: bytes | None = None, **kwargs: Any) -> None:
-        self.sent.append((topic, value))
-
-    def poll(self, timeout: float) -> int:
-        return 0
-
-    def flush(self, timeout: float) -> int:
-        return 0
-
-
-def _runtime() -> tuple[StreamsRuntime, _Producer]:
-    producer = _Producer()
-    runtime = StreamsRuntime(
-        settings=Settings(topic_prefix="unit."),
-        config=CFG,
-        options=StreamsOptions(),
-        table=_Table(),
-        metrics=StreamMetrics.create(),
-        producer=producer,  # type: ignore[arg-type]
-    )
-    return runtime, producer
-
-
-def _event(runtime: StreamsRuntime, offset: int, batch: RequestBatch) -> _Event:
-    topic = runtime.source_topic
-    message = _Message(partition=0, offset=offset, topic=topic, timestamp=T0 / 1000 + 5)
-    return _Event(message, codec_for(RequestBatch).encode(batch))
-
-
-def _metric(runtime: StreamsRuntime, name: str) -> float:
-    return runtime.metrics.registry.get_sample_value(f"cacheroute_streams_{name}_total") or 0.0
-
-
 def test_a_redelivered_message_is_skipped_whole_and_acked() -> None:
-    runtime, producer = _runtime()
+    runtime, producer = make_runtime()
     messages = [
         _batch([("a", T0 + 100), ("b", T0 + 200)], T0 + 250),
         _batch([], Y2100, gw="gw-hostile"),  # dead-lettered once, not once per delivery
@@ -131,32 +66,34 @@ def test_a_redelivered_message_is_skipped_whole_and_acked() -> None:
         _batch([], T0 + 1300),  # closes window T0
     ]
     for offset, batch in enumerate(messages):
-        runtime.handle(_event(runtime, offset, batch))
+        runtime.handle(event(runtime, offset, batch))
     asyncio.run(runtime.flush(0))
-    first = [(topic, value) for topic, value in producer.sent]
-    assert _metric(runtime, "events_accepted") == 3
+    first = [(s.topic, s.value) for s in producer.sent]
+    assert metric(runtime, "events_accepted") == 3
     # a consumer seek re-delivers all of them: nothing counts again, nothing is late
     for offset, batch in enumerate(messages):
-        runtime.handle(_event(runtime, offset, batch))
+        runtime.handle(event(runtime, offset, batch))
     assert len(runtime.pending[0]) == len(messages)  # re-deliveries are acked too
     asyncio.run(runtime.flush(0))
-    assert _metric(runtime, "messages_redelivered") == len(messages)
-    assert _metric(runtime, "batches") == len(messages)
-    assert _metric(runtime, "events_accepted") == 3
-    assert _metric(runtime, "events_late") == 0
-    assert _metric(runtime, "events_replayed") == 0
-    assert _metric(runtime, "batches_dead_lettered") == 1
-    assert producer.sent == first  # no second dead letter, no second rate
+    assert metric(runtime, "messages_redelivered") == len(messages)
+    assert metric(runtime, "batches") == len(messages)
+    assert metric(runtime, "events_accepted") == 3
+    assert metric(runtime, "events_late") == 0
+    assert metric(runtime, "events_replayed") == 0
+    assert metric(runtime, "batches_dead_lettered") == 1
+    assert [
+        (s.topic, s.value) for s in producer.sent
+    ] == first  # no second dead letter, no second rate
     # the next new message counts as usual
-    runtime.handle(_event(runtime, 4, _batch([("a", T0 + 1400)], T0 + 1450)))
-    assert _metric(runtime, "events_accepted") == 4
+    runtime.handle(event(runtime, 4, _batch([("a", T0 + 1400)], T0 + 1450)))
+    assert metric(runtime, "events_accepted") == 4
 
 
 def test_an_open_window_does_not_count_a_redelivered_message_twice() -> None:
-    runtime, _ = _runtime()
+    runtime, _ = make_runtime()
     batch = _batch([("a", T0 + 100)], T0 + 150)
-    runtime.handle(_event(runtime, 0, batch))
-    runtime.handle(_event(runtime, 0, batch))
+    runtime.handle(event(runtime, 0, batch))
+    runtime.handle(event(runtime, 0, batch))
     state = runtime.states[0]
     assert state.windows[T0]["a"].count == 1
     assert (state.accepted_total, state.replayed_total, state.late_total) == (1, 0, 0)
