@@ -24,7 +24,6 @@ prompt tokens from the backend's `usage` (else the estimate) and the cached toke
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +33,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.dispatcher import Dispatcher, InFlight
 from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.routing import Router
 from cacheroute.gateway.config import Backend, GatewayConfig
 from cacheroute.gateway.errors import error_payload
 from cacheroute.gateway.health import BackendHealth
@@ -62,13 +60,6 @@ _FORWARDED = ("Accept", "X-Request-Id", "Idempotency-Key")
 _RETURNED = ("X-Request-Id",)
 _ENDPOINTS = frozenset({CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH})
 _UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
-
-
-def _settle(router: Router, index: int, held: list[int]) -> None:
-    """Keep only the decode unit of a request whose first byte arrived (`held[0]` = units)."""
-    if held[0] > 1:
-        router.settle(index, held[0] - 1)
-        held[0] = 1
 
 
 def json_error(reason: str, message: str) -> web.Response:
@@ -201,9 +192,9 @@ class Proxy:
                 # the prompt's tokens not expected in i's cache weigh until the first byte, then
                 # only the decode unit (dispatcher.request(key, prompt_tokens=...) does the same)
                 units = router.work_units(key, i, estimate)
-                held = [units]
                 router.acquire(i, units)
-                ex.settle = functools.partial(_settle, router, i, held)
+                held = InFlight(router, i, units, backend.name)
+                ex.settle = held.first_token
                 try:
                     resp = await self._forward(request, backend, raw, ex)
                 except _UpstreamFailedError as exc:
@@ -216,7 +207,7 @@ class Proxy:
                     break
                 finally:
                     ex.settle = None
-                    router.release(i, held[0])
+                    held.release()
                 self.metrics.requests.labels(endpoint, f"{resp.status // 100}xx").inc()
                 return resp
         except _ClientGoneError:
