@@ -41,6 +41,7 @@ __all__ = [
     "consumer_config",
     "explain_kafka_error",
     "is_authorization_error",
+    "kafka_error",
     "produce_sync",
     "producer_config",
     "read_partition",
@@ -195,11 +196,12 @@ class QuietLog:
 
 def is_authorization_error(err: KafkaError | KafkaException | BaseException | None) -> bool:
     """Whether an error means the principal lacks an ACL."""
-    kerr = _kafka_error(err)
+    kerr = kafka_error(err)
     return kerr is not None and kerr.code() in AUTHORIZATION_ERRORS
 
 
-def _kafka_error(err: KafkaError | BaseException | None) -> KafkaError | None:
+def kafka_error(err: KafkaError | BaseException | None) -> KafkaError | None:
+    """The `KafkaError` an error is or carries (None for anything else)."""
     if isinstance(err, KafkaError):
         return err
     if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
@@ -222,7 +224,7 @@ def explain_kafka_error(
     sec = settings.kafka_security
     at = settings.bootstrap
     seen = watch.error if watch is not None else None
-    kerr = _kafka_error(err)
+    kerr = kafka_error(err)
     who = f"as {sec.principal} ({sec.effective_mechanism})" if sec.principal else "without SASL"
     where = f"; the connection settings come from {sec.source}" if sec.source != "defaults" else ""
     for candidate in (kerr, seen):
@@ -300,7 +302,7 @@ def connect_admin(
             admin.poll(0)  # serve the queued error callbacks: they hold the real cause
             kind, message = explain_kafka_error(settings, exc, watch, doing=doing)
             if kind in ("authentication", "tls", "authorization") or time.monotonic() >= deadline:
-                kerr = _kafka_error(exc)
+                kerr = kafka_error(exc)
                 detail = kerr.str() if kerr is not None else str(exc)
                 raise KafkaConnectionError(message, kind=kind, detail=detail) from None
 

@@ -34,6 +34,7 @@ from cacheroute.kafkaio import (
     connect_admin,
     explain_kafka_error,
     is_authorization_error,
+    kafka_error,
 )
 from cacheroute.settings import ENV_PREFIX, MIN_INSYNC_REPLICATED, Settings, check_min_insync
 
@@ -186,7 +187,8 @@ def describe_topic_configs(
         try:
             entries = fut.result(timeout=timeout)
         except KafkaException as exc:
-            if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError._TIMED_OUT:
+            kerr = kafka_error(exc)
+            if kerr is not None and kerr.code() == KafkaError._TIMED_OUT:
                 raise TimeoutError(f"no broker answered for the configs of {res.name}") from exc
             raise
         out[res.name] = {k: v.value for k, v in entries.items() if v.value is not None}

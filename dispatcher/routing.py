@@ -564,20 +564,21 @@ class Router:
         """Part of a request's load at destination `index` is done (e.g. its prompt's prefill,
         at the first streamed token); the request stays in flight with the rest."""
         with self._lock:
-            held = self.inflight[index]
-            take = units if units <= held else held
-            self.inflight[index] = held - take
-            self.total_inflight -= take
+            self._drop(index, units)
 
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
         with self._lock:
-            held = self.inflight[index]
-            take = units if units <= held else held
-            self.inflight[index] = held - take
-            self.total_inflight -= take
+            self._drop(index, units)
             if self.total_requests > 0:
                 self.total_requests -= 1
+
+    def _drop(self, index: int, units: int) -> None:
+        """Take up to `units` off destination `index` (never below zero); caller holds the lock."""
+        held = self.inflight[index]
+        take = units if units <= held else held
+        self.inflight[index] = held - take
+        self.total_inflight -= take
 
     # ---------------------------------------------------------------------------- liveness
     def mark_down(self, name: str) -> bool:
