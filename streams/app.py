@@ -3,8 +3,9 @@
 This module is the thin shell around `PartitionState` (pure): it decodes messages, routes malformed
 ones to the dead-letter topic, applies batches, and on each flush produces the closed windows' rates
 (confluent-kafka: the agent emits ~1 record per key per window, far more than Faust's per-message
-producer path handles quickly), writes the table changelog through Faust, and only then acks the
-source messages — so Faust commits an offset only after the state that includes it is durable.
+producer path handles quickly), writes the table changelog (the table's own Faust changelog topic,
+through the same producer, waiting for every acknowledgement), and only then acks the source
+messages — so Faust commits an offset only after the state that includes it is durable.
 
 Acks are manual (`stream.noack()`): a message is acked at the flush after it was applied. After a
 crash Faust restores the table from its changelog and re-delivers the unacked messages;
@@ -120,6 +121,8 @@ class StreamsRuntime:
     stream: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     clock_notes: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    changelog_failed: dict[int, set[bytes]] = field(default_factory=dict)
+    """partition -> table keys whose changelog write failed: written again at the next flush."""
     """(gateway, kind) -> (when last logged, events since): rate-limits clock-skew log lines."""
 
     @property
@@ -405,18 +408,18 @@ class StreamsRuntime:
                     remaining,
                 )
                 self.pending.setdefault(partition, [])[:0] = acks
+                # the state has moved on: its entries reach the changelog with the next flush
+                self._apply_to_table(out.writes)
+                self.changelog_failed.setdefault(partition, set()).update(k for k, _ in out.writes)
                 return
-            for key, value in out.writes:
-                if value is None:
-                    self.table.data.pop(key, None)
-                    self.table.send_changelog(
-                        partition, key, None, key_serializer="raw", value_serializer="raw"
-                    )
-                else:
-                    self.table.data[key] = value
-                    self.table.send_changelog(
-                        partition, key, value, key_serializer="raw", value_serializer="raw"
-                    )
+            if not await self._write_changelog(partition, out.writes):
+                self.pending.setdefault(partition, [])[:0] = acks
+                return
+            if self.states.get(partition) is not state:
+                log.info(
+                    "partition %d was revoked during a flush; its new owner takes over", partition
+                )
+                return
             if self.stream is not None:
                 for ev in acks:
                     await self.stream.ack(ev)
@@ -434,6 +437,71 @@ class StreamsRuntime:
                     self.config.window_ms,
                     sum(1 for r in out.rates if r.window_start_ms == window),
                 )
+
+    def _apply_to_table(self, writes: list[tuple[bytes, bytes | None]]) -> None:
+        """The worker's copy of the table (what a rebalance hands over) takes the writes."""
+        data = self.table.data
+        for key, value in writes:
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+
+    async def _write_changelog(
+        self, partition: int, writes: list[tuple[bytes, bytes | None]]
+    ) -> bool:
+        """Write table entries to the changelog and wait until the broker has every one.
+
+        Why not `Table.send_changelog`: Faust buffers those sends, and its commit path waits for
+        that buffer with `ProducerBuffer.flush`, which gives up after 0.1 s without progress. On a
+        busy worker the consumer could then commit offsets whose state was not yet in the
+        changelog, and a crash lost those events (seen on CI: a window restored without most of its
+        counts). The records here are the ones Faust would write (raw key, raw value, None for a
+        delete) on the table's own changelog topic, so Faust's restore reads them as its own; they
+        go through this worker's idempotent producer, which keeps their order, and `flush` returns
+        only when all are acknowledged. Only then are the source messages acked (see `flush`).
+
+        A write whose delivery failed is written again at the next flush with the entry's current
+        value (or a delete), so the changelog catches up with the table whatever failed. Returns
+        whether every write of this flush (and every earlier failed one) is durable.
+        """
+        data = self.table.data
+        topic = self.table.changelog_topic.get_topic_name()
+        retry = self.changelog_failed.pop(partition, set())
+        failed: set[bytes] = set()
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                failed.add(bytes(msg.key()))
+
+        self._apply_to_table(writes)
+        retry.difference_update(key for key, _ in writes)
+        batch = [(key, data.get(key)) for key in sorted(retry)] + writes
+        for key, value in batch:
+            self.producer.produce(
+                topic, key=key, value=value, partition=partition, on_delivery=delivered
+            )
+            self.producer.poll(0)
+        loop = asyncio.get_running_loop()
+        remaining = await loop.run_in_executor(None, self.producer.flush, 60.0)
+        if failed:
+            self.changelog_failed.setdefault(partition, set()).update(failed)
+            log.error(
+                "partition %d: %d changelog writes failed; not acking, they are written again "
+                "at the next flush",
+                partition,
+                len(failed),
+            )
+            return False
+        if remaining:
+            log.error(
+                "partition %d: %d changelog writes undelivered after 60 s; not acking until "
+                "they are",
+                partition,
+                remaining,
+            )
+            return False
+        return True
 
 
 def _event_at(batch: RequestBatch, index: int) -> Any:

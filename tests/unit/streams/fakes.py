@@ -3,6 +3,7 @@ table, a producer that records what was sent, and the source stream that acks.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +33,21 @@ class Event:
     value: bytes
 
 
+CHANGELOG = "unit-streams-rate-windows-changelog"
+
+
+@dataclass
+class Topic:
+    name: str
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
 @dataclass
 class Table:
     data: dict[bytes, bytes] = field(default_factory=dict)
-
-    def send_changelog(self, *args: Any, **kwargs: Any) -> None:
-        pass
+    changelog_topic: Topic = field(default_factory=lambda: Topic(CHANGELOG))
 
 
 @dataclass
@@ -45,11 +55,27 @@ class Sent:
     topic: str
     value: bytes | None
     headers: dict[str, bytes]
+    key: bytes | None = None
+    partition: int | None = None
+
+
+@dataclass
+class Delivered:
+    """A delivery report's message (what `on_delivery` reads)."""
+
+    raw_key: bytes | None
+
+    def key(self) -> bytes | None:
+        return self.raw_key
 
 
 class Producer:
+    """Records what was produced; a key in `fail` is reported undelivered once, at a flush."""
+
     def __init__(self) -> None:
         self.sent: list[Sent] = []
+        self.fail: set[bytes] = set()
+        self._reports: list[tuple[Callable[[Any, Any], None], bytes | None]] = []
 
     def produce(
         self,
@@ -57,14 +83,32 @@ class Producer:
         value: bytes | None = None,
         key: bytes | None = None,
         headers: list[tuple[str, bytes]] | None = None,
+        *,
+        partition: int | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
     ) -> None:
-        self.sent.append(Sent(topic, value, dict(headers or [])))
+        self.sent.append(Sent(topic, value, dict(headers or []), key, partition))
+        if on_delivery is not None:
+            self._reports.append((on_delivery, key))
 
     def poll(self, timeout: float) -> int:
         return 0
 
     def flush(self, timeout: float) -> int:
+        reports, self._reports = self._reports, []
+        for callback, key in reports:
+            failed = key in self.fail
+            self.fail.discard(key)  # each listed key fails once
+            callback("delivery failed" if failed else None, Delivered(key))
         return 0
+
+    def outside_changelog(self) -> list[Sent]:
+        """What went anywhere but the table's changelog (rates, dead letters)."""
+        return [s for s in self.sent if s.topic != CHANGELOG]
+
+    def changelog(self) -> list[tuple[bytes | None, bytes | None]]:
+        """(key, value) of every changelog record, in order."""
+        return [(s.key, s.value) for s in self.sent if s.topic == CHANGELOG]
 
 
 def make_runtime() -> tuple[StreamsRuntime, Producer]:
