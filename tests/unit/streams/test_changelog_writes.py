@@ -92,5 +92,6 @@ def test_a_failed_changelog_write_holds_the_acks_and_is_written_again_with_its_c
     assert again == [bucket_a, b"0|%d|1" % T0, b"0|meta"]
     assert dict(producer.changelog()) == runtime.table.data
     assert runtime.changelog_failed == {}
-    restored = PartitionState.restore(0, CFG, list(dict(producer.changelog()).items()))
+    compacted = {k: v for k, v in producer.changelog() if k is not None and v is not None}
+    restored = PartitionState.restore(0, CFG, list(compacted.items()))
     assert {k: a.count for k, a in restored.windows[T0].items()} == {"a": 1, "b": 1}
