@@ -1,4 +1,9 @@
-"""Root error of the shell (CLI, settings, local broker, topic management)."""
+"""The one root of every CacheRoute error, shared by the libraries and the shell.
+
+It imports nothing, so every library (`schemas`, `planner`, `streams`, `dispatcher`, `replay`) can
+derive its errors from it without loading the shell. Library errors that callers catch as
+`ValueError` keep that as a second base; the CLI catches `CacheRouteError` alone.
+"""
 
 from __future__ import annotations
 

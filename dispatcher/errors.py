@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from cacheroute.errors import CacheRouteError
+
 __all__ = ["DispatchError"]
 
 
-class DispatchError(ValueError):
+class DispatchError(CacheRouteError, ValueError):
     """The dispatcher library was given something it cannot work with.
 
     Raised for invalid configuration (at construction, never on the request path) and used inside

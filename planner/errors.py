@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from cacheroute.errors import CacheRouteError
+
 __all__ = ["PlannerError"]
 
 
-class PlannerError(ValueError):
+class PlannerError(CacheRouteError, ValueError):
     """The planner was given input it cannot plan from, or a plan breaks an invariant.
 
     Never retriable: the same rates and parameters fail the same way, so the planner service keeps

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cacheroute.errors import CacheRouteError
+
 __all__ = ["SchemaError", "format_location"]
 
 
@@ -17,7 +19,7 @@ def format_location(topic: str | None, partition: int | None, offset: int | None
     return text
 
 
-class SchemaError(ValueError):
+class SchemaError(CacheRouteError, ValueError):
     """A record could not be encoded or decoded.
 
     Raised for garbage bytes, truncated records, unknown format markers or schema fingerprints, and

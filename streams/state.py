@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from cacheroute.errors import CacheRouteError
 from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
 from cacheroute.schemas.codec import dump_json, load_json
 from cacheroute.streams.config import StreamConfig
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 
-class BatchError(ValueError):
+class BatchError(CacheRouteError, ValueError):
     """The whole batch is malformed (e.g. columns of different lengths): dead-letter all of it."""
 
 

@@ -26,8 +26,6 @@ from cacheroute.cli.topics import topics
 from cacheroute.cli.workload import workload
 from cacheroute.errors import CacheRouteError
 from cacheroute.logs import setup_logging
-from cacheroute.planner.errors import PlannerError
-from cacheroute.schemas import SchemaError
 from cacheroute.settings import Settings
 
 __all__ = ["cli", "main"]
@@ -115,7 +113,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except (CacheRouteError, SchemaError, PlannerError) as exc:
+    except CacheRouteError as exc:
         # soft_wrap: one line however narrow the terminal, so logs and `grep` see it whole
         Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(1)
