@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +30,13 @@ from cacheroute.settings import Settings
 
 __all__ = [
     "AUTHORIZATION_ERRORS",
+    "RDKAFKA_LOGGER",
     "ClientConfig",
     "ErrorWatch",
     "KafkaConnectionError",
     "KafkaRecord",
     "QuietLog",
+    "RdkafkaLog",
     "admin_config",
     "check_credentials",
     "connect_admin",
@@ -115,9 +118,17 @@ def _headers(msg: Message) -> tuple[tuple[str, bytes], ...]:
 
 
 def connection_config(settings: Settings) -> ClientConfig:
-    """Where and how to connect: bootstrap servers plus the security properties (SASL/TLS)."""
+    """Where and how to connect: bootstrap servers plus the security properties (SASL/TLS).
+
+    Every client built from it logs through `RdkafkaLog` (Python logging, rate-limited) instead
+    of writing librdkafka's lines to stderr; a caller may pass its own `logger`.
+    """
     return ClientConfig(
-        {"bootstrap.servers": settings.bootstrap, **settings.kafka_security.client_config()}
+        {
+            "bootstrap.servers": settings.bootstrap,
+            **settings.kafka_security.client_config(),
+            "logger": RdkafkaLog(),
+        }
     )
 
 
@@ -192,6 +203,55 @@ class QuietLog:
     def log(self, level: int, fmt: str, *args: Any) -> None:
         """Called by confluent-kafka for each librdkafka log line."""
         log.debug(fmt, *args)
+
+
+_DIGITS = re.compile(r"\d+")
+
+RDKAFKA_LOGGER = "cacheroute.librdkafka"
+"""The Python logger librdkafka's own lines go to (at DEBUG: `--log-level debug` shows them)."""
+
+
+class RdkafkaLog:
+    """The `logger` of every client config: librdkafka's lines through Python logging, rate-limited.
+
+    Without it librdkafka writes straight to stderr, one line per reconnect attempt: `cacheroute
+    plan show` against a broker that is down printed over a thousand `Connect to ... failed` lines
+    before its one-line error. Our own code reports the cause once (`explain_kafka_error`, the
+    services' error callbacks), so these lines are detail: DEBUG on the `cacheroute.librdkafka`
+    logger, and the same kind of line (the same text once every number in it is masked: one
+    broker's reconnect attempts are one kind) at most once per `every_s`, with the count of the
+    ones held back.
+    """
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._logger = logging.getLogger(RDKAFKA_LOGGER)
+        self._last: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _kind(fmt: str, args: tuple[Any, ...]) -> str:
+        text = (fmt % args) if args else fmt
+        return _DIGITS.sub("#", text)[:160]
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        """Called by confluent-kafka (from `poll`/`flush`) for each librdkafka log line."""
+        if not self._logger.isEnabledFor(logging.DEBUG):
+            return
+        kind = self._kind(fmt, args)
+        now = self._clock()
+        with self._lock:
+            last, held = self._last.get(kind, (-1e18, 0))
+            if now - last < self.every_s:
+                self._last[kind] = (last, held + 1)
+                return
+            self._last[kind] = (now, 0)
+            if len(self._last) > 1024:  # many distinct lines: forget the oldest kinds
+                for old in sorted(self._last, key=lambda k: self._last[k][0])[:512]:
+                    del self._last[old]
+        suffix = f" ({held} more like it in the last {self.every_s:g} s)" if held else ""
+        self._logger.debug("librdkafka: " + fmt + "%s", *args, suffix)
 
 
 def is_authorization_error(err: KafkaError | KafkaException | BaseException | None) -> bool:

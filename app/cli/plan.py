@@ -291,8 +291,12 @@ def _render(new: Plan, diff: PlanDiff | None, console: Console) -> None:
 
 # ------------------------------------------------------------------------ the plans topic
 def _history(settings: Settings, wanted: set[int], timeout: float) -> PlanHistory:
+    from cacheroute.kafkaio import connect_admin  # noqa: PLC0415 - Kafka client
     from cacheroute.planservice.reader import read_plan_history  # noqa: PLC0415 - Kafka client
 
+    # a broker that is down or refuses us is one line naming the cause within seconds, not a
+    # metadata error after the whole read timeout
+    connect_admin(settings, timeout=min(10.0, timeout), doing="reading plans")
     return read_plan_history(
         settings, keep=wanted.__contains__, timeout=timeout, now_ms=time.time_ns() // 1_000_000
     )
