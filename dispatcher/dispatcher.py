@@ -174,7 +174,14 @@ class Dispatcher:
         )
 
     # ------------------------------------------------------------------------------ routing
-    def request(self, key: str, units: int = 1, *, prompt_tokens: int | None = None) -> InFlight:
+    def request(
+        self,
+        key: str,
+        units: int = 1,
+        *,
+        prompt_tokens: int | None = None,
+        session: str | None = None,
+    ) -> InFlight:
         """Route `key` and count it in flight until the `with` block ends; `as` gives the name.
 
             with dispatcher.request(key, prompt_tokens=n) as destination:
@@ -187,13 +194,15 @@ class Dispatcher:
         answer arrives to keep only the decode unit. Without, `units` (1: balance request
         counts). The request is routed and counted at the call, so an async gateway may also
         keep the returned object and call `release()` itself when the last byte went out.
-        Never raises.
+        `session`: the request's conversation when `key` is coarser (a tenant, a system prompt):
+        a planned key's replicas then share its conversations and each conversation stays where
+        its history is cached (`Router.route_index`). Never raises.
         """
         router = self.router
-        i = router.route_index(key)
+        i = router.route_index(key, session)
         if prompt_tokens is not None:
             try:
-                units = router.work_units(key, i, int(prompt_tokens))
+                units = router.work_units(key, i, int(prompt_tokens), session)
             except (TypeError, ValueError):  # a hostile count: weigh it as one request
                 units = 1
         router.acquire(i, units)

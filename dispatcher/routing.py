@@ -10,6 +10,10 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
 - admitted key -> the least-loaded live member of T(b) by this gateway's in-flight count; ties are
   broken at random, so a key's replicas share its traffic as planned even when a gateway holds few
   requests in flight (with many gateways, the normal case: every count is 0 most of the time);
+  a request that names its conversation (`session`, when the key is coarser, e.g. a tenant)
+  instead goes to the first member, in the session's rendezvous order, below a CHWBL bound over
+  T(b): a key's replicas then share its conversations, and each conversation stays where its
+  history is cached;
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
   request, CHWBL's bound) and at least `spill_min_inflight` (4) requests' worth -> the cold
@@ -332,8 +336,16 @@ class Router:
         """Key -> (destination, prompt tokens) of its last request from this gateway."""
 
     # --------------------------------------------------------------------------- decisions
-    def route_index(self, key: str) -> int:  # noqa: PLR0911 - one return per rule
+    def route_index(  # noqa: PLR0911 - one return per rule
+        self, key: str, session: str | None = None
+    ) -> int:
         """The destination index for `key` (see the module docstring for the rules).
+
+        `session`: what identifies the request's conversation when the key is coarser (a tenant
+        header, a system-prompt hash): a planned key's replicas then share its traffic by
+        conversation instead of request by request (`_by_session`), and the key's context
+        (`work_units`, context slack) is tracked per conversation. None (or the key itself): by
+        load alone.
 
         Never raises: a key that cannot be routed as a string (unhashable, not a str, a str
         subclass whose hash fails) goes by power-of-two-choices and is counted as `bad_key`.
@@ -342,6 +354,7 @@ class Router:
             self.counts[7] += 1  # type: ignore[unreachable]
             return self._p2c()
         try:
+            ctx = key if session is None or not isinstance(session, str) else session
             table = self.table
             if table is not None and not self.stale:
                 best = table.shards[hash(key) & SHARD_MASK].get(key)
@@ -354,13 +367,17 @@ class Router:
                     members = table.multi.get(key)
                     if members is None:
                         self.counts[1] += 1
-                        return self._cold(key)
-                    best, load = self._least_loaded(members)
+                        return self._cold(key, ctx)
+                    best, load = (
+                        self._least_loaded(members)
+                        if ctx is key or ctx == key
+                        else self._by_session(members, ctx)
+                    )
                 if best < 0:
                     self.counts[2] += 1
-                    return self._cold(key)
+                    return self._cold(key, ctx)
                 f = self.spill_factor
-                load -= self._slack(key, best)  # its cached context at `best` buys it slack
+                load -= self._slack(ctx, best)  # its cached context at `best` buys it slack
                 if (
                     f is not None
                     and load * len(self.live) >= f * (self.total_inflight + 1)
@@ -368,14 +385,14 @@ class Router:
                     and load * self.total_requests >= self.spill_min_inflight * self.total_inflight
                 ):
                     self.counts[6] += 1
-                    return self._cold(key)
+                    return self._cold(key, ctx)
                 self.counts[0] += 1
                 return best
             if table is None:
                 self.counts[4] += 1
             else:
                 self.counts[3] += 1
-            return self._cold(key)
+            return self._cold(key, ctx)
         except Exception:  # route() must never raise, whatever the key
             self.counts[7] += 1
             return self._p2c()
@@ -417,11 +434,40 @@ class Router:
                         best = m
         return best, load
 
-    def route(self, key: str) -> str:
-        """The destination name for `key`."""
-        return self.names[self.route_index(key)]
+    def _by_session(self, members: tuple[int, ...], session: str) -> tuple[int, int]:
+        """(member, its load) for one conversation of a planned key: bounded-load rendezvous.
 
-    def _cold(self, key: str) -> int:
+        The members are ranked by rendezvous hashing of the session, the same on every gateway
+        without coordination, and the first one below the bound takes it: CHWBL's bound
+        ceil(`cold_load_factor` x (the members' load + 1) / live members), plus the session's
+        context slack where its context is. A conversation then stays with the replica that
+        holds its history while the key's traffic still spreads over T(b) as planned; picking the
+        least loaded member per request instead scatters one conversation's turns over all of
+        T(b), and each turn recomputes the whole history (seen on a long-context conversation
+        trace keyed by system prompt: a third less capacity than a prefix-matching router).
+        Past the bound on every member: the least loaded.
+        """
+        up, inflight, salts = self.up, self.inflight, self._salts
+        total = n = 0
+        for m in members:
+            if up[m]:
+                total += inflight[m]
+                n += 1
+        if n == 0:
+            return -1, 0
+        bound = math.ceil(self.cold_load_factor * (total + 1) / n)
+        h = ring_hash(session)
+        ranked = sorted((m for m in members if up[m]), key=lambda m: _mix64(h ^ salts[m]))
+        for m in reversed(ranked):
+            if inflight[m] < bound + self._slack(session, m):
+                return m, inflight[m]
+        return self._least_loaded(members)
+
+    def route(self, key: str, session: str | None = None) -> str:
+        """The destination name for `key` (and the request's `session`, see `route_index`)."""
+        return self.names[self.route_index(key, session)]
+
+    def _cold(self, key: str, ctx: str | None = None) -> int:
         """The cold path: the key's group, else bounded-load consistent hashing (or P2C)."""
         live = self.live
         if not self.cold_affinity or not live:
@@ -437,7 +483,7 @@ class Router:
         else:
             start, last, h = seen
             # where this gateway sent the key last holds its freshest prefix: stay while it may
-            if self.up[last] and self.inflight[last] < bound + self._slack(key, last):
+            if self.up[last] and self.inflight[last] < bound + self._slack(ctx or key, last):
                 return last
         d = self._cold_place(key, h, start, bound, fresh=seen is None)
         self._cold_start[key] = (start, d, h)
@@ -526,7 +572,9 @@ class Router:
         a, b = live[i], live[j]
         return a if self.inflight[a] <= self.inflight[b] else b
 
-    def work_units(self, key: str, index: int, prompt_tokens: int) -> int:
+    def work_units(
+        self, key: str, index: int, prompt_tokens: int, session: str | None = None
+    ) -> int:
         """Load units of a `prompt_tokens` prompt of `key` sent to destination `index`.
 
         What a request costs a replica is the prefill of its *uncached* tokens plus its decode,
@@ -537,13 +585,15 @@ class Router:
         from this gateway if that request went to the same destination (0 otherwise). Records
         this request as the key's latest (its context for `_slack`); a gateway calls it once per
         request, after `route_index`, and `settle`s all but one unit at the first streamed token
-        (the prefill is done; the decode unit stays until the end).
+        (the prefill is done; the decode unit stays until the end). With a `session` (as given to
+        `route_index`) the context is the session's, not the key's.
         """
-        last = self._context.get(key)
+        ctx = session if isinstance(session, str) else key
+        last = self._context.get(ctx)
         cached = last[1] if last is not None and last[0] == index else 0
         if len(self._context) >= _COLD_CACHE_KEYS:
             self._context.clear()
-        self._context[key] = (index, prompt_tokens)
+        self._context[ctx] = (index, prompt_tokens)
         uncached = prompt_tokens - cached if prompt_tokens > cached else 0
         return 1 + uncached // self.unit_tokens
 

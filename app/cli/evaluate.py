@@ -54,7 +54,13 @@ from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.seeds import combine
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig
-from cacheroute.replay.sources import KeyBlocks, SourceSpec, load_source, resolve_key_blocks
+from cacheroute.replay.sources import (
+    KeyBlocks,
+    SourceSpec,
+    detect_format,
+    load_source,
+    resolve_key_blocks,
+)
 from cacheroute.replay.traces import SESSION_KEYS, TRACE_FORMATS
 from cacheroute.replay.workloads import KINDS
 
@@ -125,6 +131,18 @@ def _slo(value: object) -> tuple[float, bool]:
             f"--slo-ms: expected milliseconds or 'auto', got {value!r}"
         ) from None
     return ms, False
+
+
+def _coarse_block_keys(source: SourceSpec) -> bool:
+    """Whether the source's keys are leading blocks of a Mooncake trace (coarser than sessions).
+
+    `auto` may choose session keys, so it counts as not coarse (no hints)."""
+    if source.trace is None or not isinstance(source.key_blocks, int):
+        return False
+    if source.key_blocks == SESSION_KEYS:
+        return False
+    fmt = detect_format(source.trace) if source.fmt == "auto" else source.fmt
+    return fmt == "mooncake"
 
 
 def _key_blocks(value: object) -> KeyBlocks:
@@ -336,6 +354,14 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     help="cacheroute: keys no plan admits go by bounded-load consistent hashing (else P2C).",
 )
 @click.option(
+    "--session-hints/--no-session-hints",
+    default=True,
+    show_default=True,
+    help="cacheroute: on Mooncake traces keyed by leading blocks, gateways also know each "
+    "request's conversation (system prompt + first message) and keep it on one replica of its "
+    "key.",
+)
+@click.option(
     "--context-slack/--no-context-slack",
     default=True,
     show_default=True,
@@ -482,6 +508,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
     slo_ms, slo_auto = _slo(opts["slo_ms"])
     try:
         config = EvalConfig(
+            session_hints=opts["session_hints"] and _coarse_block_keys(source),
             policies=_policies(opts["policies"]),
             sim=SimConfig(destinations=opts["destinations"], service=service, seed=opts["seed"]),
             slo_ms=slo_ms,

@@ -11,6 +11,10 @@ the request: no shared state, no randomness. A rule is one of
   leading text (one conversation's turns, one app's long system prompt) share a key without any
   client cooperation.
 
+A key from a header or `user` may be coarser than a conversation (a tenant id): `session_hint`
+then also names the request's conversation by the prefix hash (system prompt and first message),
+and the dispatcher keeps each conversation on one replica of its key (`Router.route_index`).
+
 A list of rules is tried in order; the first that yields a non-empty key wins, and `prefix` is
 always the last resort, so every request has a key. Keys longer than MAX_KEY_CHARS characters are
 replaced by `h:` + their hash (the emitter and the streams agent bound key sizes).
@@ -32,6 +36,7 @@ __all__ = [
     "KeyRule",
     "parse_key_rules",
     "routing_key",
+    "session_hint",
 ]
 
 DEFAULT_PREFIX_CHARS = 2048
@@ -120,3 +125,18 @@ def routing_key(
             return "p:" + _digest(leading_text(body, chat=chat, limit=rule.chars)), rule
     last = KeyRule("prefix")  # parse_key_rules always ends with prefix; a hand-made list may not
     return "p:" + _digest(leading_text(body, chat=chat, limit=last.chars)), last
+
+
+def session_hint(rule: KeyRule, body: object, *, chat: bool) -> str | None:
+    """The request's conversation when its key came from `rule` and may be coarser; else None.
+
+    A key from the `prefix` rule already is the conversation (its leading text); a header or
+    `user` key may name a tenant, so the conversation is the prefix hash the `prefix` rule would
+    give. Never raises.
+    """
+    if rule.kind == "prefix":
+        return None
+    try:
+        return "p:" + _digest(leading_text(body, chat=chat, limit=DEFAULT_PREFIX_CHARS))
+    except Exception:  # a body we cannot read: no hint, the key still routes
+        return None

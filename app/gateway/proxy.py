@@ -38,7 +38,7 @@ from cacheroute.dispatcher.emitter import Emitter
 from cacheroute.gateway.config import Backend, GatewayConfig
 from cacheroute.gateway.errors import error_payload
 from cacheroute.gateway.health import BackendHealth
-from cacheroute.gateway.keys import routing_key
+from cacheroute.gateway.keys import routing_key, session_hint
 from cacheroute.gateway.metrics import GatewayMetrics
 from cacheroute.gateway.usage import SseUsageScanner, Usage, usage_from_body
 from cacheroute.openai_api import (
@@ -134,9 +134,10 @@ class Proxy:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return self.fail(endpoint, "missing_model", "`model` is required (a non-empty string)")
-        key, _ = routing_key(self.config.key_rules, request.headers, body, chat=chat)
+        key, rule = routing_key(self.config.key_rules, request.headers, body, chat=chat)
+        session = session_hint(rule, body, chat=chat)
         estimate = estimate_tokens(prompt_text(body, chat=chat))
-        return await self._route(request, raw, key, estimate, t0)
+        return await self._route(request, raw, key, estimate, t0, session=session)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse a body announced too large before the client sends it."""
@@ -176,7 +177,14 @@ class Proxy:
         return bytes(buf)
 
     async def _route(
-        self, request: web.Request, raw: bytes, key: str, estimate: int, t0: float
+        self,
+        request: web.Request,
+        raw: bytes,
+        key: str,
+        estimate: int,
+        t0: float,
+        *,
+        session: str | None = None,
     ) -> web.StreamResponse:
         """Route, forward, retry once on another backend; always release and emit."""
         router = self.dispatcher.router
@@ -185,13 +193,13 @@ class Proxy:
         failure = ""
         try:
             for attempt in range(2):
-                i = router.route_index(key)
+                i = router.route_index(key, session)
                 if not router.up[i]:  # everything is down: the router fell back to any name
                     break
                 backend = self.backends[i]
                 # the prompt's tokens not expected in i's cache weigh until the first byte, then
                 # only the decode unit (dispatcher.request(key, prompt_tokens=...) does the same)
-                units = router.work_units(key, i, estimate)
+                units = router.work_units(key, i, estimate, session)
                 router.acquire(i, units)
                 held = InFlight(router, i, units, backend.name)
                 ex.settle = held.first_token

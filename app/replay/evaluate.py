@@ -62,6 +62,7 @@ from cacheroute.replay.policies import POLICY_NAMES
 from cacheroute.replay.policy import WARM_SLOTS, PlanConfig, PolicyContext, key_hashes
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.simulator import SimConfig, simulate
+from cacheroute.replay.traces import session_hints
 
 __all__ = ["EvalConfig", "Evaluation", "PolicyReport", "Reporter", "evaluate", "find_knee"]
 
@@ -138,6 +139,10 @@ class EvalConfig:
     """cacheroute's cold-path bound (CHWBL's c) on this gateway's in-flight load."""
     cold_affinity: bool = True
     """cacheroute's cold path: bounded-load consistent hashing (False: P2C, the paper's rule)."""
+    session_hints: bool = False
+    """cacheroute's gateways also know each request's conversation (`traces.session_hints`),
+    for sources whose keys are coarser than conversations (block traces keyed by leading
+    blocks); the CLI sets it for those."""
     margin: float = 0.10
     """Deploy only if capacity is >= (1 + margin)x and p99 <= (1 - margin)x Flat-LB's: the same
     +-10% band the verdicts call a tie, so a tie never deploys."""
@@ -373,8 +378,12 @@ class _Runner:
     )
     last_info: dict[str, Any] = field(default_factory=dict)
 
+    sessions: tuple[str, ...] | None = None
+
     def __post_init__(self) -> None:
         self.hashes = key_hashes(self.base.keys)
+        if self.cfg.session_hints:
+            self.sessions = session_hints(self.base)
 
     def at(self, load: float, base: RequestSet | None = None) -> RequestSet:
         b = base if base is not None else self.base
@@ -395,6 +404,7 @@ class _Runner:
             service=sim.service,
             plan=plan,
             hashes=self.hashes,
+            sessions=self.sessions,
         )
         result = simulate(
             requests,

@@ -95,6 +95,7 @@ class _Planned(Policy):
         self.prompts: list[int] = q.prompt_tokens.tolist()
         self.units: list[int] = [1] * q.n
         self.all_key_index = ctx.requests.key_index
+        self.sessions = ctx.sessions if self.extensions else None
         self.params = PlannerParams(
             q_cap=cfg.q_cap,
             warm_slots=cfg.warm_slots,
@@ -116,9 +117,10 @@ class _Planned(Policy):
 
     def route(self, i: int, t: float) -> int:
         key = self.keys[self.key_index[i]]
-        d = self.router.route_index(key)
+        session = self.sessions[i] if self.sessions is not None else None
+        d = self.router.route_index(key, session)
         if self.unit_tokens is not None:  # the gateway's weight: uncached prompt + decode
-            self.units[i] = self.router.work_units(key, d, self.prompts[i])
+            self.units[i] = self.router.work_units(key, d, self.prompts[i], session)
         self.router.acquire(d, self.units[i])
         return d
 

@@ -115,6 +115,9 @@ class PolicyContext:
     hashes: UIntArray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
     gateway: int = 0
     """Which gateway of a fleet this policy instance runs in (its random streams differ)."""
+    sessions: tuple[str, ...] | None = None
+    """Per request, its conversation when the routing keys are coarser (`traces.session_hints`):
+    what cacheroute's gateways pass as `session`. None: the keys are the conversations."""
 
     def __post_init__(self) -> None:
         if self.destinations < 1:

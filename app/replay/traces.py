@@ -161,6 +161,22 @@ def session_keys(block_lists: Sequence[Sequence[int]], firsts: Sequence[int]) ->
     return keys
 
 
+def session_hints(requests: RequestSet) -> tuple[str, ...]:
+    """Each request's conversation, found from its blocks as `session_keys` finds session keys.
+
+    What a gateway whose routing key is coarser than a conversation (a tenant header, the
+    leading blocks of a shared system prompt) also knows about a request: the hash of its system
+    prompt plus first message. `Router.route_index(key, session)` uses it to keep a conversation
+    on one replica of its key. A request with no full block is its own session.
+    """
+    q = requests
+    offsets = q.block_offsets.tolist()
+    ids = q.block_ids.tolist()
+    lists = [ids[offsets[i] : offsets[i + 1]] for i in range(q.n)]
+    firsts = [-(i + 1) for i in range(q.n)]
+    return tuple(session_keys(lists, firsts))
+
+
 def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) -> RequestSet:
     """A Mooncake JSONL trace; key = the first `key_blocks` hash ids, or session keys (0)."""
     if key_blocks < 0:

@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from cacheroute.errors import ConfigError
-from cacheroute.gateway.keys import MAX_KEY_CHARS, KeyRule, parse_key_rules, routing_key
+from cacheroute.gateway.keys import (
+    MAX_KEY_CHARS,
+    KeyRule,
+    parse_key_rules,
+    routing_key,
+    session_hint,
+)
 from cacheroute.openai_api import estimate_tokens, leading_text, prompt_text
 
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -123,3 +129,34 @@ def test_prompt_text_and_token_estimate() -> None:
     assert estimate_tokens(text) == 13  # 50 characters, 4 per token, rounded up
     assert estimate_tokens("") == 0
     assert estimate_tokens(prompt_text({"prompt": [11, 22, 333333]}, chat=False)) == 3
+
+
+def test_a_tenant_key_carries_the_conversation_as_its_session_hint() -> None:
+    rules = parse_key_rules("header:x-tenant-id")
+    turn1 = chat(SYSTEM, FIRST)
+    turn2 = chat(
+        SYSTEM,
+        FIRST,
+        {"role": "assistant", "content": "A cache."},
+        {"role": "user", "content": "More?"},
+    )
+    other = chat(SYSTEM, {"role": "user", "content": "Another question"})
+    hints = []
+    for body in (turn1, turn2, other):
+        key, rule = routing_key(rules, {"x-tenant-id": "acme"}, body, chat=True)
+        assert key == "acme"
+        hints.append(session_hint(rule, body, chat=True))
+    # the same conversation's turns share the hint: the prefix hash of system + first message,
+    # pinned above; another conversation of the tenant has another
+    assert hints[0] == PINNED
+    assert hints[1] == PINNED
+    assert hints[2] != PINNED
+    assert hints[2] is not None
+    assert hints[2].startswith("p:")
+
+
+def test_a_prefix_key_is_its_own_conversation_and_bad_bodies_give_no_hint() -> None:
+    key, rule = routing_key(parse_key_rules("prefix"), {}, chat(SYSTEM, FIRST), chat=True)
+    assert key == PINNED
+    assert session_hint(rule, chat(SYSTEM, FIRST), chat=True) is None
+    assert session_hint(KeyRule("user"), {"messages": 5}, chat=True) is not None  # never raises

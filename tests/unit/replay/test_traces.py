@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.requestset import make_request_set
 from cacheroute.replay.sources import SourceSpec, detect_format, load_source, write_jsonl
 from cacheroute.replay.traces import (
     SESSION_KEYS,
     read_azure,
     read_generic,
     read_mooncake,
+    session_hints,
     session_keys,
 )
 
@@ -146,3 +148,21 @@ def test_session_keys_from_a_mooncake_file(tmp_path: Path) -> None:
     assert keys[0].endswith("/")
     assert keys[1].endswith("/4")
     assert "session keys" in q.source
+
+
+def test_session_hints_name_each_requests_conversation_under_a_coarse_key() -> None:
+    # keyed by tenant (first block), as `--key-blocks 1` would: two conversations of tenant 1
+    q = make_request_set(
+        times=[0.0, 1.0, 2.0, 3.0, 4.0],
+        keys=["t1", "t1", "t1", "t1", "t2"],
+        prompt_tokens=[1536, 1536, 2560, 2560, 100],
+        output_tokens=[1] * 5,
+        block_lists=[[1, 10, 11], [1, 20, 21], [1, 10, 11, 12, 13], [1, 20, 21, 22, 23], []],
+        block_tokens=512,
+        source="test",
+    )
+    x1, y1, x2, y2, short = session_hints(q)
+    assert x1 == x2  # one conversation: every turn has the same hint
+    assert y1 == y2
+    assert x1 != y1  # two conversations of one key: two hints
+    assert short not in (x1, y1)  # no full block: its own session

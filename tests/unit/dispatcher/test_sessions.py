@@ -1,0 +1,96 @@
+"""A planned key's replicas share its conversations (`session`), not its requests one by one.
+
+Keys coarser than a conversation (a tenant header, a system-prompt hash) put many conversations on
+one key with k_b replicas; a request that names its conversation goes to the first member of T(b),
+in the session's rendezvous order, below a CHWBL bound, so every turn of one conversation meets its
+cached history while the key's conversations still spread over T(b).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from cacheroute.dispatcher.routing import RouteKind, Router, build_table
+
+NAMES = ["d0", "d1", "d2", "d3", "d4"]
+MEMBERS = ["d1", "d2", "d4"]
+
+
+def gateway(seed: int) -> Router:
+    r = Router(NAMES, rng=random.Random(seed))
+    r.table = build_table(3, 0, [("tenant", MEMBERS)], NAMES, NAMES)
+    return r
+
+
+def test_a_session_goes_to_the_same_member_on_every_gateway_and_every_turn() -> None:
+    gateways = [gateway(seed) for seed in range(8)]  # independent RNGs, no shared state
+    for s in range(200):
+        session = f"conv-{s}"
+        picks = {g.route("tenant", session) for g in gateways for _ in range(3)}
+        assert len(picks) == 1, session
+        assert picks <= set(MEMBERS)
+
+
+def test_sessions_of_one_key_spread_over_its_replicas() -> None:
+    r = gateway(0)
+    picks = Counter(r.route("tenant", f"conv-{s}") for s in range(3000))
+    assert set(picks) == set(MEMBERS)
+    for name in MEMBERS:  # rendezvous hashing: each member is first for ~1/3 of the sessions
+        assert picks[name] == pytest.approx(1000, rel=0.1)
+    assert r.counts[RouteKind.PLAN] == 3000
+
+
+def _home(session: str) -> int:
+    """Where `session` goes while nothing is in flight."""
+    return gateway(0).route_index("tenant", session)
+
+
+def test_a_member_at_the_bound_passes_the_session_to_the_next() -> None:
+    # bound = ceil(1.25 x (units in flight on T(b) + 1) / 3 live members); the home takes the
+    # session only below it. Hand-derived: 10 units -> 5, 4 -> 3, 1 -> 1, 0 -> 1.
+    r = gateway(0)
+    home = _home("conv-7")
+    for held in (10, 4, 1):
+        r.acquire(home, held)
+        d = r.route_index("tenant", "conv-7")
+        assert d != home, held
+        assert r.names[d] in MEMBERS
+        r.release(home, held)
+    assert r.route_index("tenant", "conv-7") == home  # idle again: back home
+
+
+def test_the_sessions_cached_history_buys_it_slack_at_its_home() -> None:
+    r = gateway(0)
+    home = _home("conv-7")
+    units = r.work_units("tenant", home, 20 * 512, "conv-7")  # turn 1: 20 blocks, none cached
+    assert units == 21
+    r.acquire(home, 10)
+    # 10 in flight is past the bound of 5, but recomputing 20 blocks elsewhere costs 20 units
+    assert r.route_index("tenant", "conv-7") == home
+    # the next turn at home finds turn 1's prompt cached: only its new tokens weigh
+    assert r.work_units("tenant", home, 22 * 512, "conv-7") == 3
+    # another conversation of the same key has no context there: full weight, and no slack
+    assert r.work_units("tenant", home, 22 * 512, "conv-8") == 23
+
+
+def test_without_a_session_the_key_is_balanced_request_by_request() -> None:
+    r = gateway(5)
+    picks = Counter(r.route("tenant") for _ in range(3000))
+    assert set(picks) == set(MEMBERS)  # uniform ties among idle members, as before
+    same = Counter(r.route("tenant", "tenant") for _ in range(3000))  # session == key: the same
+    assert set(same) == set(MEMBERS)
+
+
+def test_a_down_member_hands_its_sessions_to_the_others_only() -> None:
+    before = {s: _home(f"conv-{s}") for s in range(300)}
+    r = gateway(0)
+    lost = r.index["d2"]
+    r.mark_down("d2")
+    for s, home in before.items():
+        d = r.route_index("tenant", f"conv-{s}")
+        assert d != lost
+        if home != lost:
+            assert d == home  # the others' sessions do not move
