@@ -134,12 +134,9 @@ def _slo(value: object) -> tuple[float, bool]:
 
 
 def _coarse_block_keys(source: SourceSpec) -> bool:
-    """Whether the source's keys are leading blocks of a Mooncake trace (coarser than sessions).
-
-    `auto` may choose session keys, so it counts as not coarse (no hints)."""
-    if source.trace is None or not isinstance(source.key_blocks, int):
-        return False
-    if source.key_blocks == SESSION_KEYS:
+    """Whether the source's keys are leading blocks of a Mooncake trace (coarser than sessions),
+    after `--key-blocks auto` has chosen (`resolve_key_blocks`)."""
+    if source.trace is None or source.key_blocks_chosen == SESSION_KEYS:
         return False
     fmt = detect_format(source.trace) if source.fmt == "auto" else source.fmt
     return fmt == "mooncake"
@@ -197,7 +194,8 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
         bars.stage("loading the workload", 1)
         sim = run.config.sim
         source = resolve_key_blocks(run.source, destinations=sim.destinations, service=sim.service)
-        run = replace(run, source=source)
+        hints = run.config.session_hints and _coarse_block_keys(source)
+        run = replace(run, source=source, config=replace(run.config, session_hints=hints))
         requests = load_source(run.source)
         knee, note = _held_out(run.source, requests)
         result = evaluate(
@@ -508,7 +506,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
     slo_ms, slo_auto = _slo(opts["slo_ms"])
     try:
         config = EvalConfig(
-            session_hints=opts["session_hints"] and _coarse_block_keys(source),
+            session_hints=opts["session_hints"],  # narrowed to coarse block keys in `_run`
             policies=_policies(opts["policies"]),
             sim=SimConfig(destinations=opts["destinations"], service=service, seed=opts["seed"]),
             slo_ms=slo_ms,
@@ -627,7 +625,11 @@ gateway keeps a cold key where it last sent it while that destination is under t
 **work units** (a request weighs 1 + its prompt tokens not expected in the destination's cache //
 512 in the gateway's in-flight load until its first token, then 1: the load tracks the prefill
 queued at each replica) with **context slack** (a key may exceed the load bounds where its context
-is cached by what recomputing that context would cost). Ties among a key's replicas are broken at
+is cached by what recomputing that context would cost). On Mooncake traces keyed by leading
+blocks, gateways also pass each request's conversation as its **session** (found from the
+blocks as session keys are: what a gateway also hashes from system prompt plus first message),
+and a planned key's replicas share its conversations by bounded-load rendezvous hashing instead
+of request by request (`--no-session-hints` turns it off). Ties among a key's replicas are broken at
 random. W = 64 keys are planned per destination (`WARM_SLOTS` in `app/replay/policy.py` says how
 that default was chosen, on these runs); the rest take the cold path. Runs below turn extensions
 off one at a time. Absolute numbers depend on the service model; the
@@ -754,6 +756,24 @@ _SUITE = (
         "whale_no_spill",
         workload="whale",
         options=(("spill_factor", 0.0, "--spill-factor 0"), ("policies", "flat-lb,cacheroute", "")),
+    ),
+    _Case(
+        "Conversation trace in Mooncake format keyed by its first 2 blocks (the system prompt), "
+        "G = 1",
+        "conv-trace_kb2_g1",
+        trace=_CONV_TRACE,
+        options=(("key_blocks", 2, "--key-blocks 2"), ("policies", _FLEET_POLICIES, "")),
+    ),
+    _Case(
+        "Conversation trace keyed by its first 2 blocks, G = 1, without session hints (what "
+        "that extension buys)",
+        "conv-trace_kb2_g1_no_session_hints",
+        trace=_CONV_TRACE,
+        options=(
+            ("key_blocks", 2, "--key-blocks 2"),
+            ("session_hints", False, "--no-session-hints"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
     ),
     _Case("Low-reuse workload (the losing regime)", "low-reuse", workload="low-reuse"),
     _Case(

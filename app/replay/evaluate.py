@@ -344,6 +344,8 @@ class Evaluation:
                 "cold_load_factor": cfg.cold_load_factor,
                 "spill_min_inflight": cfg.spill_min_inflight,
                 "work_unit_tokens": cfg.work_unit_tokens,
+                "context_slack": cfg.context_slack,
+                "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
             "loads_qps": list(self.loads_qps),

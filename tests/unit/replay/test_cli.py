@@ -9,6 +9,8 @@ from click.testing import CliRunner
 
 from cacheroute.cli.main import cli
 
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
+
 
 def test_workload_generate_writes_a_replayable_trace(tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
@@ -60,3 +62,22 @@ def test_replay_copy_needs_a_destination() -> None:
     res = CliRunner().invoke(cli, ["replay", "topic:requests"])
     assert res.exit_code != 0
     assert "--to" in res.output
+
+
+def _plan_of(args: list[str]) -> dict[str, object]:
+    base = [
+        "evaluate", "--trace", str(TRACES / "conversation_mooncake_6000.jsonl"), "--requests",
+        "1200", "-R", "4", "--policies", "flat-lb,cacheroute", "--quick", "--json", "--jobs", "1",
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, base + args)
+    assert res.exit_code == 0, res.output
+    plan: dict[str, object] = orjson.loads(res.output)["plan"]
+    return plan
+
+
+def test_session_hints_go_with_block_keys_only() -> None:
+    # keys of leading blocks are coarser than conversations: the gateways pass sessions
+    assert _plan_of(["--key-blocks", "2"])["session_hints"] is True
+    # session keys already are the conversations; and the flag turns the hints off
+    assert _plan_of(["--key-blocks", "session"])["session_hints"] is False
+    assert _plan_of(["--key-blocks", "2", "--no-session-hints"])["session_hints"] is False
