@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# strict editable mode: a static link tree that mypy can follow (re-run after adding a module)
-	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/pip install -q -e '.[all,dev]' --config-settings editable_mode=strict
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install CacheRoute with its dev tools

@@ -9,21 +9,20 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from cacheroute import __version__
 from cacheroute.cli.bench import bench
 from cacheroute.cli.demo import demo
 from cacheroute.cli.doctor import doctor
 from cacheroute.cli.engine import engine
-from cacheroute.cli.evaluate import evaluate_cmd
 from cacheroute.cli.gateway import gateway
 from cacheroute.cli.kafka import kafka
+from cacheroute.cli.lazy import LazyGroup, missing_extra
 from cacheroute.cli.plan import plan
 from cacheroute.cli.planner import planner
-from cacheroute.cli.replay import replay
 from cacheroute.cli.streams import streams
 from cacheroute.cli.topics import topics
-from cacheroute.cli.workload import workload
 from cacheroute.errors import CacheRouteError
 from cacheroute.logs import setup_logging
 from cacheroute.settings import Settings
@@ -31,7 +30,19 @@ from cacheroute.settings import Settings
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+# the evaluator's commands import the simulator (numba, the [eval] extra) when first used
+_LAZY = {
+    "evaluate": ("cacheroute.cli.evaluate:evaluate_cmd", "eval"),
+    "replay": ("cacheroute.cli.replay:replay", "eval"),
+    "workload": ("cacheroute.cli.workload:workload", "eval"),
+}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=_LAZY,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="cacheroute")
 @click.option(
     "--bootstrap",
@@ -91,9 +102,6 @@ cli.add_command(plan)
 cli.add_command(planner)
 cli.add_command(bench)
 cli.add_command(streams)
-cli.add_command(evaluate_cmd)
-cli.add_command(workload)
-cli.add_command(replay)
 cli.add_command(doctor)
 cli.add_command(gateway)
 cli.add_command(engine)
@@ -115,7 +123,17 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except CacheRouteError as exc:
         # soft_wrap: one line however narrow the terminal, so logs and `grep` see it whole
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False
+        )
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except ImportError as exc:  # a command that needs an extra this install does not have
+        error = missing_extra(exc)
+        if error is None:
+            raise
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(str(error))}", highlight=False
+        )
+        sys.exit(1)

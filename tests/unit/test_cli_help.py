@@ -14,7 +14,10 @@ from cacheroute.cli.main import cli
 
 def _all_command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     paths = [prefix]
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # lazy commands too (cacheroute.cli.lazy)
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             paths.extend(_all_command_paths(command, (*prefix, name)))
         else:
