@@ -831,8 +831,8 @@ def _denied_topics(admin: Any, names: Sequence[str], timeout: float) -> list[str
 
 def _plan_finding(settings: Settings, opts: DoctorOptions) -> Finding:
     """Read the plans topic once and judge its live version."""
+    from cacheroute.dispatcher.reader import read_plan_history  # noqa: PLC0415
     from cacheroute.errors import CacheRouteError  # noqa: PLC0415
-    from cacheroute.planservice.reader import read_plan_history  # noqa: PLC0415
 
     plans = settings.topics["plans"]
     try:

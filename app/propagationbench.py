@@ -56,11 +56,11 @@ from confluent_kafka import Producer
 
 from cacheroute.demo.procs import Child, start_child
 from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.follower import PlanFollower
 from cacheroute.dispatcher.routing import PlanLike
 from cacheroute.errors import CacheRouteError
 from cacheroute.planner import Plan, PlannerParams, build_plan
 from cacheroute.planner.workload import PAPER_KEYS, default_q_cap, drift, paper_workload
-from cacheroute.planservice.follower import PlanFollower
 from cacheroute.planservice.publisher import PlanPublisher, PublishResult
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin

@@ -1,8 +1,9 @@
 """Dispatcher: the in-gateway library that follows the plan topic and routes each request.
 
 `routing` holds the pure decisions (plan table, cold path, load units), `dispatcher` the
-thread-safe `Dispatcher` a gateway embeds, `subscription` the plan follower, and `emitter` the
-batching reporter of every request to the `requests` topic.
+thread-safe `Dispatcher` a gateway embeds, `follower` and `reader` the plans topic's reading
+side (`subscription` wires a follower to a Dispatcher), and `emitter` the batching reporter of
+every request to the `requests` topic.
 
 The public API is importable from here (`from cacheroute.dispatcher import Dispatcher,
 Emitter`). The names load on first use (PEP 562), so importing a pure module such as

@@ -1,6 +1,6 @@
 """The dispatcher's Kafka side: follow the plans topic and hand each verified version to it.
 
-A thin adapter over `cacheroute.planservice.follower.PlanFollower` (which reads the compacted topic
+A thin adapter over `cacheroute.dispatcher.follower.PlanFollower` (which reads the compacted topic
 from the beginning with read_committed, applies only complete, checksummed versions, and keeps the
 last good plan through broker outages). Each new version is passed to `Dispatcher.apply_plan` on the
 follower's thread, so decoding and table building never run on a request path.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from cacheroute.planservice.follower import FollowerConfig, LivePlan, PlanFollower
+from cacheroute.dispatcher.follower import FollowerConfig, LivePlan, PlanFollower
 from cacheroute.settings import Settings
 
 if TYPE_CHECKING:

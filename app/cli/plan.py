@@ -36,7 +36,7 @@ from cacheroute.planner import (
 from cacheroute.settings import Settings
 
 if TYPE_CHECKING:
-    from cacheroute.planservice.reader import LivePlan, PlanHistory
+    from cacheroute.dispatcher.reader import LivePlan, PlanHistory
 
 __all__ = ["plan", "read_destinations", "read_plan", "read_rates_csv"]
 
@@ -291,8 +291,8 @@ def _render(new: Plan, diff: PlanDiff | None, console: Console) -> None:
 
 # ------------------------------------------------------------------------ the plans topic
 def _history(settings: Settings, wanted: set[int], timeout: float) -> PlanHistory:
+    from cacheroute.dispatcher.reader import read_plan_history  # noqa: PLC0415 - Kafka client
     from cacheroute.kafkaio import connect_admin  # noqa: PLC0415 - Kafka client
-    from cacheroute.planservice.reader import read_plan_history  # noqa: PLC0415 - Kafka client
 
     # a broker that is down or refuses us is one line naming the cause within seconds, not a
     # metadata error after the whole read timeout

@@ -30,10 +30,10 @@ from rich.text import Text
 
 from cacheroute.demo import httpmode
 from cacheroute.demo.procs import Child, start_child
+from cacheroute.dispatcher.follower import FollowerConfig, PlanFollower
+from cacheroute.dispatcher.reader import LivePlan
 from cacheroute.kafkaio import consumer_config
 from cacheroute.loopback import free_port, scrape_metrics
-from cacheroute.planservice.follower import FollowerConfig, PlanFollower
-from cacheroute.planservice.reader import LivePlan
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 

@@ -3,8 +3,6 @@
 The pure parts live in `cacheroute.planner` (protocol encoding, assembly, smoothing); this package
 wires them to Kafka:
 
-  follower   PlanFollower: the reusable reader a gateway embeds
-  reader     LivePlan, one-shot reads of the topic (scan_plans, read_plan_history)
   publisher  PlanPublisher: one transaction per version, fencing, version recovery, repair
   leader     Leadership: which instance is active (group ownership of the plans partition)
   rates      RatesSource: every partition of `rates` from a look-back point
@@ -13,12 +11,16 @@ wires them to Kafka:
   config     PlannerServiceConfig and its TOML loader
   metrics    Prometheus metrics (private registries)
 
-The protocol is described in docs/PLAN_PROTOCOL.md.
+The reading side that gateways embed (`PlanFollower`, `LivePlan`, one-shot reads) lives in the
+dispatcher library (`cacheroute.dispatcher.follower`, `.reader`); it is re-exported here for the
+tools that use both sides. The protocol is described in docs/PLAN_PROTOCOL.md.
 """
 
+from cacheroute.dispatcher.follower import FollowerConfig, FollowerStatus, PlanFollower
+from cacheroute.dispatcher.follower_metrics import FollowerMetrics
+from cacheroute.dispatcher.reader import LivePlan, PlanHistory, read_plan_history, scan_plans
 from cacheroute.planservice.config import PlannerServiceConfig, load_service_config
-from cacheroute.planservice.follower import FollowerConfig, FollowerStatus, PlanFollower
-from cacheroute.planservice.metrics import FollowerMetrics, PlannerMetrics
+from cacheroute.planservice.metrics import PlannerMetrics
 from cacheroute.planservice.publisher import (
     FencedError,
     ForeignRecord,
@@ -27,7 +29,6 @@ from cacheroute.planservice.publisher import (
     Recovery,
     RepairResult,
 )
-from cacheroute.planservice.reader import LivePlan, PlanHistory, read_plan_history, scan_plans
 from cacheroute.planservice.service import PlannerService
 
 __all__ = [

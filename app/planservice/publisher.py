@@ -46,6 +46,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from cacheroute.dispatcher.reader import LivePlan, drain, plans_consumer, scan_plans
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import KafkaRecord, producer_config
 from cacheroute.planner import Plan
@@ -63,7 +64,6 @@ from cacheroute.planner.protocol import (
     peek_chunk,
     version_ceiling,
 )
-from cacheroute.planservice.reader import LivePlan, drain, plans_consumer, scan_plans
 from cacheroute.schemas import PlanHeader, SchemaError, codec_for
 from cacheroute.settings import Settings
 

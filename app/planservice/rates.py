@@ -21,9 +21,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from cacheroute.dispatcher.reader import drain
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config
-from cacheroute.planservice.reader import drain
 from cacheroute.schemas import KeyRate, SchemaError, codec_for
 from cacheroute.schemas.errors import format_location
 from cacheroute.settings import Settings

@@ -13,8 +13,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.dispatcher.reader import LivePlan
 from cacheroute.planner import Plan, plan_diff
-from cacheroute.planservice.reader import LivePlan
 
 __all__ = [
     "diff_report",

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
+from cacheroute.dispatcher.reader import scan_plans
 from cacheroute.kafkaio import KafkaRecord, producer_config
 from cacheroute.loopback import free_port
 from cacheroute.planner import Plan, PlannerParams, build_plan
 from cacheroute.planner.protocol import parse_key
 from cacheroute.planservice.publisher import PlanPublisher
-from cacheroute.planservice.reader import scan_plans
 from cacheroute.schemas import KeyRate, PlanHeader, codec_for
 from cacheroute.settings import Settings
 

@@ -23,10 +23,10 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from cacheroute.cli.main import cli
+from cacheroute.dispatcher.follower import FollowerConfig, PlanFollower
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import produce_sync, producer_config
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan, parse_key
-from cacheroute.planservice.follower import FollowerConfig, PlanFollower
 from cacheroute.planservice.publisher import PlanPublisher
 from cacheroute.schemas import PlanChunk, PlanHeader, codec_for
 from cacheroute.settings import Settings

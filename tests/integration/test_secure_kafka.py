@@ -45,13 +45,13 @@ from confluent_kafka.admin import (
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.reader import read_plan_history
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import producer_config
 from cacheroute.kafkasecurity import ENV_VARS
 from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.loopback import free_port, free_port_block, scrape_metrics
 from cacheroute.planservice.publisher import PlanPublisher
-from cacheroute.planservice.reader import read_plan_history
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 from tests.integration.planservice_support import make_plan, started_publisher

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.reader import read_plan_history
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.loopback import free_port_block
-from cacheroute.planservice.reader import read_plan_history
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 from tests.integration.planservice_support import planner_process, produce_rates

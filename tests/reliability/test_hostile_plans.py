@@ -36,13 +36,13 @@ from confluent_kafka import Producer
 
 from cacheroute.cli.main import cli
 from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.follower import FollowerConfig, PlanFollower
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.doctor import DoctorOptions, run_doctor
 from cacheroute.kafkaio import KafkaRecord, produce_sync, producer_config
 from cacheroute.planner import Plan, PlannerParams, build_plan
 from cacheroute.planner.assembly import Applied, PlanAssembler
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan
-from cacheroute.planservice.follower import FollowerConfig, PlanFollower
 from cacheroute.planservice.publisher import ForeignRecord, PlanPublisher
 from cacheroute.schemas import PlanChunk, PlanHeader, codec_for
 from cacheroute.settings import Settings

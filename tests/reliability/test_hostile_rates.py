@@ -21,9 +21,9 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
+from cacheroute.dispatcher.follower import FollowerConfig, PlanFollower
 from cacheroute.kafkaio import producer_config
 from cacheroute.planner import Plan
-from cacheroute.planservice.follower import FollowerConfig, PlanFollower
 from cacheroute.schemas import KeyRate, codec_for
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics

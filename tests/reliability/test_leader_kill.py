@@ -48,13 +48,13 @@ from confluent_kafka.admin import AdminClient
 from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
 from cacheroute.dispatcher.emitter import Emitter
 from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.reader import PlanHistory, read_plan_history
 from cacheroute.dispatcher.routing import RouteKind, RoutingTable
 from cacheroute.kafkaio import consumer_config, read_partition
 from cacheroute.localkafka import resolve_distribution
 from cacheroute.localkafka.cluster import LocalCluster
 from cacheroute.localkafka.distribution import KafkaDistribution
 from cacheroute.loopback import free_port, free_port_block, scrape_metrics
-from cacheroute.planservice.reader import PlanHistory, read_plan_history
 from cacheroute.schemas import KeyRate, codec_for
 from cacheroute.settings import Settings
 from cacheroute.topics import describe_topic_configs, make_admin

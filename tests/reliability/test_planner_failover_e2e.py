@@ -23,9 +23,9 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.reader import read_plan_history
 from cacheroute.kafkaio import produce_sync, producer_config
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan
-from cacheroute.planservice.reader import read_plan_history
 from cacheroute.schemas import PlanHeader, codec_for
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics

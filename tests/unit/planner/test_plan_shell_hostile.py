@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+from cacheroute.dispatcher import follower as follower_module
+from cacheroute.dispatcher import reader as reader_module
+from cacheroute.dispatcher.follower import FollowerConfig, PlanFollower
 from cacheroute.doctor import check_plan
 from cacheroute.kafkaio import KafkaRecord
 from cacheroute.planner.assembly import Outcome, PlanAssembler
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan
 from cacheroute.planner.smoothing import AddResult, RateSmoother
-from cacheroute.planservice import follower as follower_module
-from cacheroute.planservice import reader as reader_module
 from cacheroute.planservice.config import load_service_config
-from cacheroute.planservice.follower import FollowerConfig, PlanFollower
 from cacheroute.planservice.rates import RatesBatch
 from cacheroute.planservice.service import PlannerService, refresh_reason
 from cacheroute.schemas import KeyRate
@@ -134,7 +134,7 @@ def test_follower_poll_handles_the_records_after_one_that_raises(
     monkeypatch.setattr(follower_module, "topic_exists", lambda *a, **k: True)
     follower = PlanFollower(Settings(topic_prefix="unit."), FollowerConfig())
     follower._assembler = Exploding(poison, defer_headers=True)
-    with caplog.at_level(logging.ERROR, logger="cacheroute.planservice.follower"):
+    with caplog.at_level(logging.ERROR, logger="cacheroute.dispatcher.follower"):
         follower.poll(0.0)  # one batch: chunks, the poison, the header, end of partition
     status = follower.status()
     assert status.version == 1  # the header after the poison was not dropped

@@ -32,17 +32,17 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from cacheroute.errors import CacheRouteError
-from cacheroute.kafkaio import AUTHORIZATION_ERRORS, to_record
-from cacheroute.planner.assembly import Applied, Ignored, Outcome, PlanAssembler, Rejected
-from cacheroute.planservice.metrics import FollowerMetrics
-from cacheroute.planservice.reader import (
+from cacheroute.dispatcher.follower_metrics import FollowerMetrics
+from cacheroute.dispatcher.reader import (
     MISSING_TOPIC,
     LivePlan,
     drain,
     plans_consumer,
     topic_exists,
 )
+from cacheroute.errors import CacheRouteError
+from cacheroute.kafkaio import AUTHORIZATION_ERRORS, to_record
+from cacheroute.planner.assembly import Applied, Ignored, Outcome, PlanAssembler, Rejected
 from cacheroute.settings import Settings
 
 __all__ = ["FollowerConfig", "FollowerStatus", "LivePlan", "PlanFollower"]
