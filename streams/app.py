@@ -121,9 +121,9 @@ class StreamsRuntime:
     stream: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     clock_notes: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    """(gateway, kind) -> (when last logged, events since): rate-limits clock-skew log lines."""
     changelog_failed: dict[int, set[bytes]] = field(default_factory=dict)
     """partition -> table keys whose changelog write failed: written again at the next flush."""
-    """(gateway, kind) -> (when last logged, events since): rate-limits clock-skew log lines."""
 
     @property
     def source_topic(self) -> str:
@@ -395,10 +395,7 @@ class StreamsRuntime:
             # rates and dead letters must be durable before the state that no longer holds them
             loop = asyncio.get_running_loop()
             remaining = await loop.run_in_executor(None, self.producer.flush, 60.0)
-            if self.states.get(partition) is not state:
-                log.info(
-                    "partition %d was revoked during a flush; its new owner takes over", partition
-                )
+            if self._revoked(partition, state):
                 return
             if remaining:
                 log.error(
@@ -415,10 +412,7 @@ class StreamsRuntime:
             if not await self._write_changelog(partition, out.writes):
                 self.pending.setdefault(partition, [])[:0] = acks
                 return
-            if self.states.get(partition) is not state:
-                log.info(
-                    "partition %d was revoked during a flush; its new owner takes over", partition
-                )
+            if self._revoked(partition, state):
                 return
             if self.stream is not None:
                 for ev in acks:
@@ -437,6 +431,13 @@ class StreamsRuntime:
                     self.config.window_ms,
                     sum(1 for r in out.rates if r.window_start_ms == window),
                 )
+
+    def _revoked(self, partition: int, state: PartitionState) -> bool:
+        """Whether `partition` was revoked while a flush awaited (its new owner takes over)."""
+        if self.states.get(partition) is state:
+            return False
+        log.info("partition %d was revoked during a flush; its new owner takes over", partition)
+        return True
 
     def _apply_to_table(self, writes: list[tuple[bytes, bytes | None]]) -> None:
         """The worker's copy of the table (what a rebalance hands over) takes the writes."""
@@ -494,9 +495,11 @@ class StreamsRuntime:
             )
             return False
         if remaining:
+            # their delivery reports come later, to no one: write them all again next time
+            self.changelog_failed.setdefault(partition, set()).update(k for k, _ in batch)
             log.error(
-                "partition %d: %d changelog writes undelivered after 60 s; not acking until "
-                "they are",
+                "partition %d: %d changelog writes undelivered after 60 s; not acking, they are "
+                "written again at the next flush",
                 partition,
                 remaining,
             )

@@ -75,6 +75,8 @@ class Producer:
     def __init__(self) -> None:
         self.sent: list[Sent] = []
         self.fail: set[bytes] = set()
+        self.undelivered: list[int] = []
+        """What the next flushes return (records still queued), in order; then 0."""
         self._reports: list[tuple[Callable[[Any, Any], None], bytes | None]] = []
 
     def produce(
@@ -100,7 +102,7 @@ class Producer:
             failed = key in self.fail
             self.fail.discard(key)  # each listed key fails once
             callback("delivery failed" if failed else None, Delivered(key))
-        return 0
+        return self.undelivered.pop(0) if self.undelivered else 0
 
     def outside_changelog(self) -> list[Sent]:
         """What went anywhere but the table's changelog (rates, dead letters)."""

@@ -95,3 +95,22 @@ def test_a_failed_changelog_write_holds_the_acks_and_is_written_again_with_its_c
     compacted = {k: v for k, v in producer.changelog() if k is not None and v is not None}
     restored = PartitionState.restore(0, CFG, list(compacted.items()))
     assert {k: a.count for k, a in restored.windows[T0].items()} == {"a": 1, "b": 1}
+
+
+def test_changelog_writes_still_queued_after_the_timeout_hold_the_acks_and_go_again() -> None:
+    runtime, producer = make_runtime()
+    acks = Acks()
+    runtime.stream = acks
+    runtime.handle(event(runtime, 0, _batch([("a", T0 + 100), ("b", T0 + 200)], T0 + 250)))
+    producer.undelivered = [0, 2]  # rates flushed; 2 changelog records still queued after 60 s
+    asyncio.run(runtime.flush(0))
+    assert acks.offsets == []
+    first = set(dict(producer.changelog()))
+    assert runtime.changelog_failed == {0: first}  # their late reports reach no one: all again
+    runtime.handle(event(runtime, 1, _batch([], T0 + 300)))
+    before = len(producer.sent)
+    asyncio.run(runtime.flush(0))
+    assert acks.offsets == [0, 1]
+    again = {s.key for s in producer.sent[before:] if s.topic == CHANGELOG}
+    assert again >= first
+    assert dict(producer.changelog()) == runtime.table.data
