@@ -6,6 +6,7 @@ import faulthandler
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -122,18 +123,21 @@ def main() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except CacheRouteError as exc:
-        # soft_wrap: one line however narrow the terminal, so logs and `grep` see it whole
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(str(exc))}", highlight=False
-        )
-        sys.exit(1)
+        _fail(exc)
     except KeyboardInterrupt:
         sys.exit(130)
     except ImportError as exc:  # a command that needs an extra this install does not have
         error = missing_extra(exc)
         if error is None:
             raise
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(str(error))}", highlight=False
-        )
-        sys.exit(1)
+        _fail(error)
+
+
+def _fail(error: CacheRouteError) -> NoReturn:
+    """One line on stderr naming the cause (no traceback), exit 1."""
+    # soft_wrap: one line however narrow the terminal, so logs and `grep` see it whole; escaped:
+    # messages hold brackets ([eval], topic[0]@5) that rich would take for markup
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(str(error))}", highlight=False
+    )
+    sys.exit(1)
