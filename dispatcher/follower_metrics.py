@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["FollowerMetrics"]
+__all__ = ["LATENCY_BUCKETS", "FollowerMetrics"]
 
-_PUBLISH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Seconds: the histogram buckets of plan apply and publish times (the planner's metrics too)."""
 
 
 @dataclass
@@ -59,6 +60,6 @@ class FollowerMetrics:
                 p + "apply_seconds",
                 "Time to verify, decode and validate one version",
                 registry=reg,
-                buckets=_PUBLISH_BUCKETS,
+                buckets=LATENCY_BUCKETS,
             ),
         )

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["PlannerMetrics"]
+from cacheroute.dispatcher.follower_metrics import LATENCY_BUCKETS
 
-_PUBLISH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+__all__ = ["PlannerMetrics"]
 
 
 @dataclass
@@ -64,13 +64,13 @@ class PlannerMetrics:
                 p + "build_seconds",
                 "Time to build one plan",
                 registry=reg,
-                buckets=_PUBLISH_BUCKETS,
+                buckets=LATENCY_BUCKETS,
             ),
             publish_seconds=Histogram(
                 p + "publish_seconds",
                 "Time to publish one version (transaction begin to commit)",
                 registry=reg,
-                buckets=_PUBLISH_BUCKETS,
+                buckets=LATENCY_BUCKETS,
             ),
             publish_bytes=Gauge(
                 p + "publish_bytes", "Record bytes of the last published version", registry=reg
