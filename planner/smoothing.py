@@ -25,6 +25,9 @@ figure a record carries is bounded before it is accepted:
   help) is `invalid` ("future"): folded, it would make every real window after it "late";
 - a rate above `max_key_rate` (an absolute ceiling, default 1e6 requests/s per key) is `invalid`
   ("implausible"), and so is a count that could not fit the window at that ceiling;
+- a mean prompt (or reusable prefix) above `max_prompt_tokens` a request is `invalid`
+  ("implausible"): the planner weighs each key by its requests' cost (`planner.work`), so one
+  forged token sum must not make a key look like the cluster's whole workload;
 - a key's rate in a new window is clamped to `max_surge` x the window's *reference total*
   (at least `max_key_rate` / 1000), counted in `clamped`: a real key cannot outgrow the whole
   cluster a hundredfold in one window, and the clamp lifts as the total follows a genuine surge;
@@ -99,6 +102,10 @@ class SmoothingParams:
     """A window's total rate may be at most this x its reference total; the growth above is cut."""
     total_floor: float = 100.0
     """Requests/s the reference total counts as at least (an idle cluster may still grow)."""
+    max_prompt_tokens: int = 4_000_000
+    """Ceiling of one request's mean prompt (or prefix) tokens: above it a record is
+    implausible. The planner weighs keys by their prompts, so one forged sum must not make a key
+    look like all of the cluster's work."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha) and 0.0 < self.alpha <= 1.0):
@@ -119,6 +126,8 @@ class SmoothingParams:
             )
         if not (math.isfinite(self.total_floor) and self.total_floor > 0):
             raise PlannerError(f"total_floor must be finite and > 0, got {self.total_floor!r}")
+        if self.max_prompt_tokens < 1:
+            raise PlannerError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,7 @@ class RatesSnapshot:
     keys: tuple[str, ...]
     rates: FloatArray  # (n_keys,) requests/s, finite, >= 0
     prefix_tokens: FloatArray  # (n_keys,) mean reusable prefix tokens per request (last known)
+    prompt_tokens: FloatArray  # (n_keys,) mean prompt tokens per request (last known)
     windows: int
     """Windows folded so far."""
     newest_end_ms: int
@@ -164,8 +174,8 @@ class _Window:
     end: int
     first_ms: int
     last_ms: int
-    records: dict[str, tuple[float, int, int]] = field(default_factory=dict)
-    """key -> (rate, count, prefix_tokens_sum) of the latest record."""
+    records: dict[str, tuple[float, int, int, int]] = field(default_factory=dict)
+    """key -> (rate, count, prefix_tokens_sum, prompt_tokens_sum) of the latest record."""
 
 
 class RateSmoother:
@@ -186,6 +196,7 @@ class RateSmoother:
         self._smoothed: FloatArray = np.zeros(0, dtype=np.float64)
         self._idle: IntArray = np.zeros(0, dtype=np.int64)
         self._tokens: FloatArray = np.zeros(0, dtype=np.float64)
+        self._prompts: FloatArray = np.zeros(0, dtype=np.float64)
         self.rejections: dict[Rejection, int] = {"malformed": 0, "future": 0, "implausible": 0}
         """Invalid records so far, per reason."""
         self.last_rejection: dict[Rejection, str] = {}
@@ -241,7 +252,12 @@ class RateSmoother:
             self._pending[start] = window
         window.last_ms = max(window.last_ms, arrived_ms)
         replaced = rate.key in window.records
-        window.records[rate.key] = (rate.rate, rate.count, rate.prefix_tokens_sum)
+        window.records[rate.key] = (
+            rate.rate,
+            rate.count,
+            rate.prefix_tokens_sum,
+            rate.prompt_tokens_sum,
+        )
         return "replaced" if replaced else "accepted"
 
     def _check(
@@ -257,6 +273,7 @@ class RateSmoother:
             or rate.rate < 0
             or rate.count < 0
             or rate.prefix_tokens_sum < 0
+            or rate.prompt_tokens_sum < 0
             or rate.window_end_ms <= rate.window_start_ms
             or not 0 <= partition < self._partitions
         ):
@@ -276,6 +293,14 @@ class RateSmoother:
                 detail = (
                     f"rate {rate.rate:.3g}/s or count {rate.count} in {width_s:g} s is above "
                     f"the ceiling of {p.max_key_rate:g} requests/s"
+                )
+            elif max(rate.prompt_tokens_sum, rate.prefix_tokens_sum) > p.max_prompt_tokens * max(
+                rate.count, 1
+            ):
+                reason = "implausible"
+                detail = (
+                    f"{max(rate.prompt_tokens_sum, rate.prefix_tokens_sum)} prompt tokens in "
+                    f"{rate.count} requests is above the ceiling of {p.max_prompt_tokens} a request"
                 )
         if reason is None:
             return None
@@ -319,6 +344,7 @@ class RateSmoother:
         smoothed = np.concatenate([self._smoothed, np.zeros(grow)]) if grow else self._smoothed
         idle = np.concatenate([self._idle, np.zeros(grow, np.int64)]) if grow else self._idle
         tokens = np.concatenate([self._tokens, np.zeros(grow)]) if grow else self._tokens
+        prompts = np.concatenate([self._prompts, np.zeros(grow)]) if grow else self._prompts
         idx = np.fromiter(
             map(self._index.__getitem__, window.records), np.int64, len(window.records)
         )
@@ -335,7 +361,9 @@ class RateSmoother:
         sums = np.fromiter((v[2] for v in values), np.float64, len(values))
         has = counts > 0
         tokens[idx[has]] = sums[has] / counts[has]
-        self._smoothed, self._idle, self._tokens = smoothed, idle, tokens
+        prompt_sums = np.fromiter((v[3] for v in values), np.float64, len(values))
+        prompts[idx[has]] = prompt_sums[has] / counts[has]
+        self._smoothed, self._idle, self._tokens, self._prompts = smoothed, idle, tokens, prompts
         self._last_folded = window.start
         self._folded += 1
         self._newest_end = max(self._newest_end, window.end)
@@ -400,6 +428,7 @@ class RateSmoother:
         self._smoothed = self._smoothed[keep]
         self._idle = self._idle[keep]
         self._tokens = self._tokens[keep]
+        self._prompts = self._prompts[keep]
 
     # ----------------------------------------------------------------------------- output
     def snapshot(self) -> RatesSnapshot:
@@ -408,6 +437,7 @@ class RateSmoother:
             keys=tuple(self._keys),
             rates=self._smoothed.copy(),
             prefix_tokens=self._tokens.copy(),
+            prompt_tokens=self._prompts.copy(),
             windows=self._folded,
             newest_end_ms=self._newest_end,
         )

@@ -132,6 +132,9 @@ class EvalConfig:
     work_unit_tokens: int | None = 512
     """cacheroute's gateways weigh a request 1 + uncached prompt tokens // this until its first
     token, then 1 (None: 1 throughout)."""
+    plan_on_work: bool = True
+    """cacheroute plans on work: each key's rate weighted by its mean request cost (False: on
+    request counts, Algorithm 1's rates; an ablation)."""
     context_slack: bool = True
     """cacheroute's gateways let a key stay over the load bounds where its context is cached by
     what recomputing it would cost (False: the plain bounds; an ablation)."""
@@ -345,6 +348,7 @@ class Evaluation:
                 "spill_min_inflight": cfg.spill_min_inflight,
                 "work_unit_tokens": cfg.work_unit_tokens,
                 "context_slack": cfg.context_slack,
+                "plan_on_work": cfg.plan_on_work,
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -436,6 +440,7 @@ class _Runner:
             cold_load_factor=self.cfg.cold_load_factor,
             cold_affinity=self.cfg.cold_affinity,
             context_slack=self.cfg.context_slack,
+            plan_on_work=self.cfg.plan_on_work,
         )
 
     def passes(self, m: RunMetrics) -> bool:

@@ -42,6 +42,7 @@ from cacheroute.dispatcher.routing import (
     table_from_plan,
 )
 from cacheroute.planner import Plan, PlannerParams, build_plan, plan_diff
+from cacheroute.planner.work import work_rates
 from cacheroute.replay.policy import Policy, PolicyContext, UIntArray
 from cacheroute.replay.requestset import FloatArray, IntArray
 
@@ -108,12 +109,23 @@ class _Planned(Policy):
         )
         self.window_start = 0
         self.counts: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
+        self.uncached_sums: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
+        self.plan_unit = (
+            (cfg.work_unit_tokens or DEFAULT_UNIT_TOKENS)
+            if (cfg.plan_on_work and self.extensions)
+            else None
+        )
+        """Plan on work (`planner.work_rates`, this many tokens a unit); None: on request counts."""
         self.plan: Plan | None = None
         self.history: list[dict[str, float]] = []
         if cfg.oracle:
             rates = ctx.requests.key_rates()
             active = np.flatnonzero(rates > 0)
-            self.install(self._build([self.keys[k] for k in active.tolist()], rates[active], 0.0))
+            n = np.bincount(q.key_index, minlength=len(self.keys))[active]
+            uncached = q.prompt_tokens - q.prefix_tokens
+            sums = np.bincount(q.key_index, weights=uncached, minlength=len(self.keys))
+            rates = self._weigh(rates[active], sums[active] / n)
+            self.install(self._build([self.keys[k] for k in active.tolist()], rates, 0.0))
 
     def route(self, i: int, t: float) -> int:
         key = self.keys[self.key_index[i]]
@@ -146,15 +158,31 @@ class _Planned(Policy):
         """
         if self.ctx.plan.oracle or i == 0:
             return None
-        new = np.bincount(self.all_key_index[self.window_start : i], minlength=len(self.keys))
+        seen = self.all_key_index[self.window_start : i]
+        new = np.bincount(seen, minlength=len(self.keys))
+        q = self.ctx.requests
+        uncached = q.prompt_tokens[self.window_start : i] - q.prefix_tokens[self.window_start : i]
+        new_sums = np.bincount(seen, weights=uncached, minlength=len(self.keys))
         self.window_start = i
         decay = self.ctx.plan.rate_decay
-        self.counts = self.counts * decay + new if decay < 1.0 else self.counts + new
+        if decay < 1.0:
+            self.counts = self.counts * decay + new
+            self.uncached_sums = self.uncached_sums * decay + new_sums
+        else:
+            self.counts = self.counts + new
+            self.uncached_sums = self.uncached_sums + new_sums
         elapsed = t - float(self.ctx.requests.times[0])
         span = elapsed if decay >= 1.0 else self.ctx.plan.control_interval_s / (1.0 - decay)
         active = np.flatnonzero(self.counts > 0)
         rates = self.counts[active] / max(min(span, elapsed), 1e-9)
-        return self._build([self.keys[k] for k in active.tolist()], rates.astype(np.float64), t)
+        rates = self._weigh(rates, self.uncached_sums[active] / self.counts[active])
+        return self._build([self.keys[k] for k in active.tolist()], rates, t)
+
+    def _weigh(self, rates: FloatArray, mean_uncached: FloatArray) -> FloatArray:
+        """The rates the planner sees: work rates (as the planner service plans) or requests/s."""
+        if self.plan_unit is None:
+            return rates.astype(np.float64)
+        return work_rates(rates, mean_uncached, self.plan_unit)
 
     def install(self, table: RoutingTable) -> None:
         """Swap this gateway's routing table (what `Dispatcher.apply_plan` does on a new plan)."""

@@ -75,6 +75,10 @@ class PlanConfig:
     work_unit_tokens: int | None = 512
     """cacheroute's gateways weigh a request 1 + its prompt tokens not expected in the cache //
     this until its first token, then 1 (`Router.work_units`, `settle`); None: 1 throughout."""
+    plan_on_work: bool = True
+    """cacheroute plans on work, each key's rate weighted by its mean request cost
+    1 + prompt / `work_unit_tokens` (`planner.work_rates`, as the planner service does); False: on
+    request counts (Algorithm 1's rates)."""
     context_slack: bool = True
     """cacheroute's gateways let a key exceed the load bounds at the destination holding its
     context by what recomputing it would cost (`Router.context_slack`)."""

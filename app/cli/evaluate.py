@@ -366,6 +366,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     help="cacheroute: a key may exceed the load bounds where its context is cached by what "
     "recomputing it would cost.",
 )
+@click.option(
+    "--plan-on-work/--plan-on-requests",
+    default=True,
+    show_default=True,
+    help="cacheroute: the planner weighs each key's rate by its mean request cost, 1 + prompt "
+    "tokens / --work-unit-tokens (as the planner service does), instead of counting requests.",
+)
 @click.option("--cluster-sizes", help="Also sweep R at a fixed load, e.g. 8,30,60.")
 @click.option("--cluster-load", type=float, help="Load of that sweep [default: reference load].")
 @click.option(
@@ -524,6 +531,7 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
             spill_factor=opts["spill_factor"] or None,
             cold_affinity=opts["cold_affinity"],
             context_slack=opts["context_slack"],
+            plan_on_work=opts["plan_on_work"],
             work_unit_tokens=opts["work_unit_tokens"] or None,
             cluster_sizes=_ints(opts["cluster_sizes"]),
             cluster_load_qps=opts["cluster_load"],
@@ -724,6 +732,15 @@ _SUITE = (
         options=(
             ("gateways", 4, "--gateways 4"),
             ("work_unit_tokens", 0, "--work-unit-tokens 0"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Whale workload, planned on request counts (what planning on work buys)",
+        "whale_plan_on_requests",
+        workload="whale",
+        options=(
+            ("plan_on_work", False, "--plan-on-requests"),
             ("policies", "flat-lb,cacheroute", ""),
         ),
     ),

@@ -61,6 +61,12 @@ def _config_help() -> str:
     help="Co-locate keys with the same text before the last separator; '': off ['/'].",
 )
 @click.option("--ewma-alpha", type=float, help="Weight of the newest rate window [0.5].")
+@click.option(
+    "--work-unit-tokens",
+    type=click.IntRange(min=0),
+    help="Plan on work: weigh each key by 1 + its uncached prompt tokens / this; 0: plan on "
+    "request counts [512].",
+)
 @click.option("--rewarm-s", type=float, help="Advisor: seconds a moved key runs cold [10].")
 @click.option(
     "--max-plan-age",
@@ -90,6 +96,7 @@ def run(
     fair_share: float | None,
     group_separator: str | None,
     ewma_alpha: float | None,
+    work_unit_tokens: int | None,
     rewarm_s: float | None,
     max_plan_age_s: float | None,
     planner_id: str | None,
@@ -128,6 +135,7 @@ def run(
             "fair_share": fair_share,
             "group_separator": group_separator,
             "ewma_alpha": ewma_alpha,
+            "work_unit_tokens": work_unit_tokens,
             "rewarm_s": rewarm_s,
             "max_plan_age_s": max_plan_age_s,
             "planner_id": planner_id,

@@ -31,6 +31,7 @@ from cacheroute.planner.advisor import DEFAULT_REWARM_S
 from cacheroute.planner.inputs import normalize_destinations
 from cacheroute.planner.protocol import DEFAULT_MAX_CHUNK_BYTES, HARD_MAX_CHUNK_BYTES
 from cacheroute.planner.smoothing import SmoothingParams
+from cacheroute.planner.work import DEFAULT_WORK_UNIT_TOKENS
 
 __all__ = ["CONFIG_KEYS", "PlannerServiceConfig", "load_service_config", "parse_destinations"]
 
@@ -43,6 +44,9 @@ class PlannerServiceConfig:
     params: PlannerParams
     """Algorithm-1 and re-planning parameters; `params.control_interval_s` is the tick."""
     smoothing: SmoothingParams = field(default_factory=SmoothingParams)
+    work_unit_tokens: int | None = DEFAULT_WORK_UNIT_TOKENS
+    """Plan on work: each key's rate weighted by its mean request cost, 1 + uncached prompt tokens
+    / this (`planner.work`, the unit the gateways' Router charges). None: on request counts."""
     rewarm_s: float = DEFAULT_REWARM_S
     """Publish advisor: seconds a moved key is assumed to run cold at its new home."""
     max_plan_age_s: float | None = None
@@ -112,6 +116,9 @@ CONFIG_KEYS: dict[str, str] = {
     "admission": "'rate' or 'bytes' (default rate)",
     "fair_share": "split keys above this x the mean destination load; 0: the paper's k_b (default 1)",
     "group_separator": "co-locate keys with the same text before the last one; '': off (default '/')",
+    "work_unit_tokens": "plan on work: weigh keys by 1 + uncached prompt tokens / this; 0: on "
+    "request counts (default 512)",
+    "max_prompt_tokens": "ignore a rate record whose mean prompt is above this (default 4e6)",
     "ewma_alpha": "weight of the newest window in the per-key EWMA (default 0.5)",
     "settle_s": "quiet time before a window that every partition reported folds (default 2)",
     "max_wait_s": "a window folds this long after its first record regardless (default 30)",
@@ -232,6 +239,7 @@ def load_service_config(
             max_surge=number("max_surge", 100.0),
             max_total_growth=number("max_total_growth", 10.0),
             total_floor=number("total_floor", 100.0),
+            max_prompt_tokens=integer("max_prompt_tokens", 4_000_000),
         )
     except PlannerError as exc:
         raise ConfigError(f"planner settings{source}: {exc}") from None
@@ -250,6 +258,9 @@ def load_service_config(
         or integer("transaction_timeout_ms", 60000) < 1000
     ):
         raise ConfigError(f"session_timeout_ms and transaction_timeout_ms must be >= 1000{source}")
+    unit = integer("work_unit_tokens", DEFAULT_WORK_UNIT_TOKENS)
+    if unit < 0:
+        raise ConfigError(f"planner setting 'work_unit_tokens' must be >= 0, got {unit}{source}")
     port = values.get("metrics_port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or port < 0):
         raise ConfigError(f"metrics_port must be a port number, got {port!r}{source}")
@@ -257,6 +268,7 @@ def load_service_config(
         destinations=destinations,
         params=params,
         smoothing=smoothing,
+        work_unit_tokens=unit or None,
         rewarm_s=number("rewarm_s", DEFAULT_REWARM_S),
         max_plan_age_s=number("max_plan_age_s", 0.0) if "max_plan_age_s" in values else None,
         max_chunk_bytes=max_chunk,

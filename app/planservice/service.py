@@ -36,6 +36,7 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import producer_config
 from cacheroute.planner import Plan, PlannerError, advise, build_plan, plan_diff
 from cacheroute.planner.smoothing import RateSmoother, RatesSnapshot, Rejection
+from cacheroute.planner.work import planning_rates
 from cacheroute.planservice.config import PlannerServiceConfig
 from cacheroute.planservice.leader import Leadership
 from cacheroute.planservice.metrics import PlannerMetrics
@@ -440,11 +441,12 @@ class PlannerService:
             return
         self._windows_planned = snap.windows
         tokens = snap.prefix_tokens if self.config.params.admission == "bytes" else None
+        rates = planning_rates(snap, self.config.work_unit_tokens)
         started = time.perf_counter()
         try:
             candidate = build_plan(
                 snap.keys,
-                snap.rates,
+                rates,
                 self.config.destinations,
                 self.config.params,
                 prev=live,
@@ -462,7 +464,7 @@ class PlannerService:
             live,
             candidate,
             snap.keys,
-            snap.rates,
+            rates,
             prefix_tokens=tokens,
             rewarm_s=self.config.rewarm_s,
         )

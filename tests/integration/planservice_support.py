@@ -88,9 +88,16 @@ def headers(records: Sequence[KafkaRecord]) -> list[PlanHeader]:
 
 
 def produce_rates(
-    settings: Settings, windows: Sequence[Mapping[str, float]], *, window_ms: int, end_ms: int
+    settings: Settings,
+    windows: Sequence[Mapping[str, float]],
+    *,
+    window_ms: int,
+    end_ms: int,
+    prompts: Mapping[str, int] | None = None,
 ) -> None:
-    """KeyRate records for consecutive windows, the last one ending at `end_ms`."""
+    """KeyRate records for consecutive windows, the last one ending at `end_ms`.
+
+    `prompts`: uncached prompt tokens per request of some keys (the others carry no token sums)."""
     codec = codec_for(KeyRate)
     producer = Producer(producer_config(settings))
     topic = settings.topics["rates"]
@@ -99,7 +106,8 @@ def produce_rates(
         start = first + w * window_ms
         for key, rate in rates.items():
             count = max(1, round(rate * window_ms / 1000))
-            record = KeyRate(key, start, start + window_ms, count, rate)
+            tokens = (prompts or {}).get(key, 0) * count
+            record = KeyRate(key, start, start + window_ms, count, rate, prompt_tokens_sum=tokens)
             producer.produce(topic, key=key.encode(), value=codec.encode(record))
     assert producer.flush(30) == 0
 

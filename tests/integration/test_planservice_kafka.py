@@ -140,16 +140,22 @@ def test_rates_in_plan_out_end_to_end(
         # nothing new in the next interval: skipped, and counted with the reason
         planner.wait_metric("cacheroute_planner_publish_skips_total", 1, 'reason="no-new-rates"')
 
-        # a new window with a new hot key: the advisor publishes version 2
+        # a new window with a new hot key whose prompts cost 3 units (1 + 1,024 / 512 tokens):
+        # the advisor publishes version 2, planned on work
         produce_rates(
             topics,
             [{**windows[2], "newcomer": 30.0}],
             window_ms=WINDOW_MS,
             end_ms=now_ms + WINDOW_MS,
+            prompts={"newcomer": 1024},
         )
         live2 = follower.wait_for_version(live.version + 1, timeout=30)
         assert live2 is not None, planner.tail()
         assert live2.destinations_of("newcomer") is not None
+        # every other key costs 1: total T stays, the newcomer's 30 req/s weigh 90 of T + 60
+        planned = dict(zip(live2.plan.keys, live2.plan.rates.tolist(), strict=True))
+        total = live2.plan.total_rate
+        assert planned["newcomer"] == pytest.approx(90.0 * total / (total + 60.0), rel=1e-9)
 
     shown = invoke(topics, "plan", "show", "--json", "--key", "newcomer")
     assert shown["version"] == live2.version

@@ -48,6 +48,18 @@ def test_defaults_and_counted_destinations() -> None:
     assert [d.name for d in config.destinations] == ["d0", "d1", "d2"]
     assert config.plan_max_age_s == 120.0  # 2 intervals: below the dispatcher staleness limit
     assert config.metrics_port is None
+    assert config.work_unit_tokens == 512  # plans on work in the gateways' unit by default
+
+
+def test_work_unit_tokens_zero_plans_on_request_counts() -> None:
+    base = {"destinations": 3, "q_cap": 1.0, "warm_slots": 2}
+    assert load_service_config(None, {**base, "work_unit_tokens": 0}).work_unit_tokens is None
+    assert load_service_config(None, {**base, "work_unit_tokens": 64}).work_unit_tokens == 64
+    with pytest.raises(ConfigError, match="work_unit_tokens"):
+        load_service_config(None, {**base, "work_unit_tokens": -1})
+    assert (
+        load_service_config(None, {**base, "max_prompt_tokens": 9}).smoothing.max_prompt_tokens == 9
+    )
 
 
 @pytest.mark.parametrize(

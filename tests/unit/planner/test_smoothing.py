@@ -354,3 +354,18 @@ def test_a_cut_window_totals_the_ceiling_and_never_cuts_below_a_base(seed: int) 
     for key, reported in second.items():
         assert got[key] <= reported
         assert got[key] >= min(reported, first.get(key, 0.0))
+
+
+def test_a_forged_prompt_sum_is_implausible_not_folded() -> None:
+    sm = RateSmoother(SmoothingParams(alpha=1.0, max_prompt_tokens=1_000), partitions=1)
+    ok = KeyRate("a", 0, W, 10, 1.0, prompt_tokens_sum=10_000)  # 1,000 a request: the ceiling
+    forged = KeyRate("b", 0, W, 10, 1.0, prompt_tokens_sum=10_001)
+    assert sm.add(ok, 0, 0) == "accepted"
+    assert sm.add(forged, 0, 0) == "invalid"
+    assert sm.add(KeyRate("c", 0, W, 1, 1.0, prompt_tokens_sum=-1), 0, 0) == "invalid"
+    sm.advance(10_000)
+    snap = sm.snapshot()
+    assert snap.keys == ("a",)
+    assert snap.prompt_tokens.tolist() == [1_000.0]
+    assert sm.rejections == {"malformed": 1, "future": 0, "implausible": 1}
+    assert "prompt tokens" in sm.last_rejection["implausible"]

@@ -22,7 +22,7 @@ from cacheroute.replay.planned import (
 from cacheroute.replay.policies import POLICY_NAMES, make_policy
 from cacheroute.replay.policy import PlanConfig, PolicyContext
 from cacheroute.replay.prefixindex import PrefixIndex
-from cacheroute.replay.requestset import RequestSet
+from cacheroute.replay.requestset import RequestSet, make_request_set
 from cacheroute.replay.service import ServiceModel
 
 from .conftest import TinyFactory, WorkloadFactory
@@ -249,3 +249,32 @@ def test_cacheroute_adds_fair_share_and_siblings_to_algorithm_1(
         return len(seen)
 
     assert tenants_per_destination(ours.plan) < tenants_per_destination(paper.plan)
+
+
+def test_cacheroute_plans_on_uncached_work_as_the_planner_service_does() -> None:
+    """Two keys at 1 req/s each: `light` declares its whole 1,024-token prompt reusable (cost 1),
+    `heavy` declares none of it (cost 1 + 1,024 / 512 = 3). Planned on work their rates are
+    2 r * 1/4 and 2 r * 3/4; on request counts r and r. With 4 destinations and the knee out of
+    the way, fair-share sizing (no replica above the mean load, 2 r / 4) gives `heavy` 3 replicas
+    on work and 2 on request counts."""
+    n = 20
+    q = make_request_set(
+        times=[i / 2 for i in range(n)],
+        keys=["light", "heavy"] * (n // 2),
+        prompt_tokens=[1024] * n,
+        output_tokens=[4] * n,
+        prefix_tokens=[1024, 0] * (n // 2),
+        block_lists=[[i] for i in range(n)],
+        block_tokens=16,
+        source="hand",
+    )
+    rates = {}
+    for on_work in (True, False):
+        p = CacheRoute(ctx_for(q, 4, q_cap=100.0, oracle=True, plan_on_work=on_work))
+        assert p.plan is not None
+        rates[on_work] = dict(zip(p.plan.keys, p.plan.rates.tolist(), strict=True))
+        replicas = dict(zip(p.plan.keys, p.plan.replicas().tolist(), strict=True))
+        assert replicas["heavy"] == (3 if on_work else 2)
+    each = float(q.key_rates()[0])  # both keys: n / 2 requests over the same span
+    assert rates[False] == pytest.approx({"heavy": each, "light": each})
+    assert rates[True] == pytest.approx({"heavy": 2 * each * 3 / 4, "light": 2 * each / 4})
