@@ -625,7 +625,9 @@ The ablation, step by step: `affinity` pins each key to one hashed destination;
 `affinity+replication` gives it the paper's k_b = ceil(rate / q_cap) hashed destinations;
 `affinity+replication+lpt` is the paper's Algorithm 1 (admission, k_b, LPT placement) with our
 churn-aware re-planning, routing other keys by power-of-two-choices; `cacheroute` is planner and
-dispatcher as deployed, which add five extensions of ours: fair-share sizing, sibling co-location
+dispatcher as deployed, which add six extensions of ours: **planning on work** (each key's
+rate weighted by its mean request cost, 1 + uncached prompt tokens / 512, rescaled to the same
+total, as the planner service does; `--plan-on-requests` turns it off), fair-share sizing, sibling co-location
 (keys with the same text before the last `/` share destinations), the dispatcher's overload spill,
 **cold-key affinity** (keys no plan admits - new conversations - go by bounded-load consistent
 hashing on a ring of destination names, the same on every gateway without coordination, and a
