@@ -13,15 +13,16 @@ Stops on SIGTERM/SIGINT, when `--duration` is over, or when its parent process g
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from types import FrameType
 
+import click
 import numpy as np
 import orjson
 
@@ -33,33 +34,105 @@ from cacheroute.replay.cache import cache_lookup_insert, new_cache
 from cacheroute.replay.workloads import generate, spec_for
 from cacheroute.settings import Settings
 
-__all__ = ["main"]
+__all__ = ["GatewayArgs", "main", "run"]
 
 MAX_PERIOD_S = 300.0
 """Longest stretch of workload drawn at once; longer runs replay it again (shifted in time)."""
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cacheroute.demo.gateway")
-    p.add_argument("--bootstrap", required=True)
-    p.add_argument("--topic-prefix", required=True)
-    p.add_argument("--gateway-id", required=True)
-    p.add_argument("--index", type=int, default=0, help="This gateway's share: requests i::n.")
-    p.add_argument("--gateways", type=int, default=1)
-    p.add_argument("--destinations", type=int, default=8)
-    p.add_argument("--rate", type=float, default=2000.0, help="Total req/s of all gateways.")
-    p.add_argument("--keys", type=int, default=2000)
-    p.add_argument("--cache-blocks", type=int, default=2048, help="Per destination.")
-    p.add_argument("--duration", type=float, default=3600.0)
-    p.add_argument("--interval", type=float, default=60.0, help="Planner control interval (s).")
-    p.add_argument("--stats-interval", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=7)
-    return p.parse_args(argv)
+@dataclass(frozen=True, slots=True)
+class GatewayArgs:
+    """One demo gateway's settings (its command line)."""
+
+    bootstrap: str
+    topic_prefix: str
+    gateway_id: str
+    index: int = 0
+    """This gateway's share: requests index::gateways."""
+    gateways: int = 1
+    destinations: int = 8
+    rate: float = 2000.0
+    """Total requests/s of all gateways."""
+    keys: int = 2000
+    cache_blocks: int = 2048
+    """Simulated cache blocks per destination."""
+    duration: float = 3600.0
+    interval: float = 60.0
+    """The planner's control interval (s): the dispatcher's staleness clock."""
+    stats_interval: float = 1.0
+    seed: int = 7
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 - one flat replay loop
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="One demo gateway (started by `cacheroute demo`): replays its share of the workload "
+    "through a real Dispatcher and Emitter against a simulated cluster.",
+)
+@click.option("--bootstrap", required=True, help="Kafka bootstrap servers.")
+@click.option("--topic-prefix", required=True, help="Prefix of the demo's topics.")
+@click.option("--gateway-id", required=True, help="This gateway's id in its events.")
+@click.option("--index", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--gateways", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--destinations", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=2000.0, show_default=True, help="Total req/s of all gateways.")
+@click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
+@click.option("--cache-blocks", default=2048, show_default=True, help="Per destination.")
+@click.option("--duration", default=3600.0, show_default=True, help="Seconds.")
+@click.option("--interval", default=60.0, show_default=True, help="Planner control interval (s).")
+@click.option("--stats-interval", default=1.0, show_default=True, help="Seconds between stats.")
+@click.option("--seed", default=7, show_default=True, help="Workload seed.")
+def command(
+    *,
+    bootstrap: str,
+    topic_prefix: str,
+    gateway_id: str,
+    index: int,
+    gateways: int,
+    destinations: int,
+    rate: float,
+    keys: int,
+    cache_blocks: int,
+    duration: float,
+    interval: float,
+    stats_interval: float,
+    seed: int,
+) -> int:
+    """The command line as `GatewayArgs`, then `run`."""
+    return run(
+        GatewayArgs(
+            bootstrap=bootstrap,
+            topic_prefix=topic_prefix,
+            gateway_id=gateway_id,
+            index=index,
+            gateways=gateways,
+            destinations=destinations,
+            rate=rate,
+            keys=keys,
+            cache_blocks=cache_blocks,
+            duration=duration,
+            interval=interval,
+            stats_interval=stats_interval,
+            seed=seed,
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (click, as every other command) and run one gateway; the exit code."""
+    try:
+        code = command.main(
+            args=argv, prog_name="python -m cacheroute.demo.gateway", standalone_mode=False
+        )
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    return int(code or 0)
+
+
+def run(args: GatewayArgs) -> int:  # noqa: PLR0915 - one flat replay loop
     """Run one gateway until stopped; returns the exit code."""
-    args = _parse(argv)
     setup_logging(logging.WARNING)  # text or JSON, as the parent chose (CACHEROUTE_LOG_FORMAT)
     settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
     stop = threading.Event()

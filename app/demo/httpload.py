@@ -28,7 +28,6 @@ Stops on SIGTERM/SIGINT, when `--duration` is over, or when its parent process g
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import click
 import numpy as np
 import orjson
 
@@ -53,7 +53,7 @@ from cacheroute.replay.requestset import IntArray, RequestSet
 from cacheroute.replay.workloads import generate, spec_for
 from cacheroute.serve import loop_factory
 
-__all__ = ["block_text", "main", "prompt_text_for"]
+__all__ = ["LoadArgs", "block_text", "main", "prompt_text_for", "run"]
 
 log = logging.getLogger("cacheroute.demo.httpload")
 
@@ -65,30 +65,79 @@ DRAIN_S = 3.0
 """On stop, how long requests already sent may take to finish before they are cancelled."""
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cacheroute.demo.httpload")
-    p.add_argument(
-        "--gateway",
-        action="append",
-        required=True,
-        metavar="NAME=PORT",
-        help="A gateway on 127.0.0.1 (repeatable; requests go round-robin).",
+@dataclass(frozen=True, slots=True)
+class LoadArgs:
+    """The load generator's settings (its command line)."""
+
+    gateway: tuple[str, ...]
+    """NAME=PORT of each gateway on 127.0.0.1; requests go round-robin."""
+    destinations: int
+    """Engines behind the gateways, named d0.. (the plan's names)."""
+    rate: float = 150.0
+    keys: int = 2000
+    cache_blocks: int = 2048
+    max_tokens: int = 2
+    duration: float = 3600.0
+    stats_interval: float = 1.0
+    max_outstanding: int = 2000
+    seed: int = 7
+
+
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="The HTTP demo's load generator (started by `cacheroute demo --http`).",
+)
+@click.option(
+    "--gateway",
+    multiple=True,
+    required=True,
+    metavar="NAME=PORT",
+    help="A gateway on 127.0.0.1 (repeatable; requests go round-robin).",
+)
+@click.option(
+    "--destinations",
+    required=True,
+    type=click.IntRange(min=1),
+    help="Engines behind the gateways, named d0.. (the plan's names).",
+)
+@click.option("--rate", default=150.0, show_default=True, help="Requests/s offered in total.")
+@click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
+@click.option("--cache-blocks", default=2048, show_default=True, help="Per engine, in blocks.")
+@click.option("--max-tokens", default=2, show_default=True, help="Output tokens per request.")
+@click.option("--duration", default=3600.0, show_default=True, help="Seconds.")
+@click.option("--stats-interval", default=1.0, show_default=True, help="Seconds between stats.")
+@click.option(
+    "--max-outstanding", default=2000, show_default=True, help="Then drop, as clients do."
+)
+@click.option("--seed", default=7, show_default=True, help="Workload seed.")
+def command(  # one parameter per option
+    *,
+    gateway: tuple[str, ...],
+    destinations: int,
+    rate: float,
+    keys: int,
+    cache_blocks: int,
+    max_tokens: int,
+    duration: float,
+    stats_interval: float,
+    max_outstanding: int,
+    seed: int,
+) -> int:
+    """The command line as `LoadArgs`, then `run`."""
+    return run(
+        LoadArgs(
+            gateway=gateway,
+            destinations=destinations,
+            rate=rate,
+            keys=keys,
+            cache_blocks=cache_blocks,
+            max_tokens=max_tokens,
+            duration=duration,
+            stats_interval=stats_interval,
+            max_outstanding=max_outstanding,
+            seed=seed,
+        )
     )
-    p.add_argument(
-        "--destinations",
-        type=int,
-        required=True,
-        help="Engines behind the gateways, named d0.. (the plan's names).",
-    )
-    p.add_argument("--rate", type=float, default=150.0, help="Requests/s offered in total.")
-    p.add_argument("--keys", type=int, default=2000)
-    p.add_argument("--cache-blocks", type=int, default=2048, help="Per engine, workload blocks.")
-    p.add_argument("--max-tokens", type=int, default=2, help="Output tokens per request.")
-    p.add_argument("--duration", type=float, default=3600.0)
-    p.add_argument("--stats-interval", type=float, default=1.0)
-    p.add_argument("--max-outstanding", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=7)
-    return p.parse_args(argv)
 
 
 def block_text(block: int, chars: int) -> str:
@@ -196,7 +245,7 @@ class _FlatLBShadow:
 class _LoadGen:
     """Schedules the workload's requests, sends them and keeps the stats."""
 
-    def __init__(self, args: argparse.Namespace, reqs: RequestSet) -> None:
+    def __init__(self, args: LoadArgs, reqs: RequestSet) -> None:
         self.args = args
         self.reqs = reqs
         self.names = [f"d{i}" for i in range(args.destinations)]
@@ -365,8 +414,21 @@ class _LoadGen:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (click, as every other command) and run the load; the exit code."""
+    try:
+        code = command.main(
+            args=argv, prog_name="python -m cacheroute.demo.httpload", standalone_mode=False
+        )
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    return int(code or 0)
+
+
+def run(args: LoadArgs) -> int:
     """Run the load generator until stopped; returns the exit code."""
-    args = _parse(argv)
     setup_logging(logging.WARNING)
     period = min(args.duration + 10.0, MAX_PERIOD_S)
     spec = spec_for(

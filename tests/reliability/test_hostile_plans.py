@@ -1,6 +1,6 @@
 """Hostile records on the plans topic and a planner clock a day ahead, against the real broker.
 
-Issue 13's probes, each one record produced with a plain producer (anyone who can write to the
+The probes, each one record produced with a plain producer (anyone who can write to the
 topic can do it):
 
   3. a header claiming chunk_count = 2^31 - 1: readers refuse it before allocating (memory stays

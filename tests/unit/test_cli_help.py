@@ -43,3 +43,15 @@ def test_operational_error_is_one_clear_line() -> None:
     assert proc.returncode == 1
     assert "is not host:port" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("module", ["cacheroute.demo.gateway", "cacheroute.demo.httpload"])
+def test_demo_children_parse_with_click(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's child processes take their argv through click, like every other command."""
+    main = __import__(module, fromlist=["main"]).main
+    assert main(["--help"]) == 0
+    assert f"Usage: python -m {module}" in capsys.readouterr().out
+    assert main(["--rate", "fast"]) == 2  # a usage error: one line, exit code 2
+    err = capsys.readouterr().err
+    assert "Error:" in err
+    assert "Traceback" not in err
