@@ -8,9 +8,10 @@ docs/EVALUATION.md-style output.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,8 +39,8 @@ from cacheroute.replay.evaluate import (
     Evaluation,
     evaluate,
 )
-from cacheroute.replay.fleet import DEALS, FleetConfig
-from cacheroute.replay.metrics import SLO_METRICS
+from cacheroute.replay.fleet import DEALS, Deal, FleetConfig
+from cacheroute.replay.metrics import SLO_METRICS, SloMetric
 from cacheroute.replay.policies import POLICY_NAMES
 from cacheroute.replay.policy import WARM_SLOTS
 from cacheroute.replay.report import (
@@ -62,7 +63,7 @@ from cacheroute.replay.sources import (
     resolve_key_blocks,
 )
 from cacheroute.replay.traces import SESSION_KEYS, TRACE_FORMATS
-from cacheroute.replay.workloads import KINDS
+from cacheroute.replay.workloads import KINDS, WorkloadKind
 
 __all__ = ["evaluate_cmd"]
 
@@ -398,58 +399,59 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Evidence document [default: OUT/../EVALUATION.md].",
 )
-def evaluate_cmd(**opts: Any) -> None:
+def evaluate_cmd(**params: object) -> None:
     """Compare routing policies on a simulated serving cluster; say whether to deploy.
 
     Every policy runs over a load sweep; the report gives token-weighted KV hit rate, load
     imbalance, p99 latency at a matched load, SLO capacity, tenant fairness, the workload
     diagnostic and the recommendation (deploy only if capacity AND p99 beat flat-lb).
     """
+    opts = EvaluateOptions.from_params(params)
     console = Console(stderr=True)
-    if opts["evidence"]:
+    if opts.evidence:
         _evidence(opts, console)
         return
-    if (opts["workload"] is None) == (opts["trace"] is None):
+    if (opts.workload is None) == (opts.trace is None):
         raise click.UsageError("give --workload KIND or --trace FILE")
-    if opts["seeds"]:
+    if opts.seeds:
         _seeds(opts, console)
         return
-    run = _make_run(opts, opts["workload"], opts["trace"], opts["fmt"])
+    run = _make_run(opts, opts.workload, opts.trace, opts.fmt)
     try:
         result, timing = _run(run, console)
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
     data = result.to_dict() | timing
-    if opts["out"] is not None:
-        _write_outputs(result, data, opts["out"])
-    if opts["as_json"]:
+    if opts.out is not None:
+        _write_outputs(result, data, opts.out)
+    if opts.as_json:
         click.echo(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode())
     else:
         _render(result, timing, Console())
 
 
-def _seeds(opts: dict[str, Any], console: Console) -> None:
+def _seeds(opts: EvaluateOptions, console: Console) -> None:
     """Seeds 0..N-1 of the same comparison, combined (means, spread, verdicts from the means)."""
     datas: list[dict[str, Any]] = []
     wall = 0.0
-    for seed in range(int(opts["seeds"])):
-        console.print(f"seed {seed} of {opts['seeds']}")
-        run = _make_run(opts | {"seed": seed}, opts["workload"], opts["trace"], opts["fmt"])
+    for seed in range(opts.seeds or 1):
+        console.print(f"seed {seed} of {opts.seeds}")
+        run = _make_run(dataclasses.replace(opts, seed=seed), opts.workload, opts.trace, opts.fmt)
         try:
             result, timing = _run(run, console)
         except ReplayError as exc:
             raise click.ClickException(str(exc)) from None
         wall += timing["wall_s"]
         datas.append(result.to_dict())
-        if opts["out"] is not None:
-            _write_outputs(result, result.to_dict() | timing, opts["out"], prefix=f"seed{seed}_")
+        if opts.out is not None:
+            _write_outputs(result, result.to_dict() | timing, opts.out, prefix=f"seed{seed}_")
     data = combine(datas, margin=EvalConfig().margin)
     data["wall_s"] = wall
-    if opts["out"] is not None:
-        (opts["out"] / "result.json").write_bytes(
+    if opts.out is not None:
+        (opts.out / "result.json").write_bytes(
             orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
         )
-    if opts["as_json"]:
+    if opts.as_json:
         click.echo(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode())
         return
     table = Table(
@@ -477,9 +479,9 @@ def _seeds(opts: dict[str, Any], console: Console) -> None:
     )
 
 
-def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fmt: str) -> _Run:
-    quick = bool(opts["quick"])
-    requests = opts["requests"] or (QUICK_REQUESTS if quick else FULL_REQUESTS)
+def _make_run(opts: EvaluateOptions, workload: str | None, trace: Path | None, fmt: str) -> _Run:
+    quick = bool(opts.quick)
+    requests = opts.requests or (QUICK_REQUESTS if quick else FULL_REQUESTS)
     service = ServiceModel()
     overrides: dict[str, Any] = {}
     for opt, field_name, scale in (
@@ -490,8 +492,9 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
         ("attention_pair_ns", "attention_per_pair_s", 1e-9),
         ("decode_step_ms", "decode_base_s", 1e-3),
     ):
-        if opts[opt] is not None:
-            overrides[field_name] = opts[opt] * scale if scale != 1 else opts[opt]
+        value = opts.service_override(opt)
+        if value is not None:
+            overrides[field_name] = value * scale if scale != 1 else value
     if overrides:
         try:
             service = replace(service, **overrides)
@@ -502,46 +505,46 @@ def _make_run(opts: dict[str, Any], workload: str | None, trace: Path | None, fm
         trace=trace,
         fmt=fmt,  # type: ignore[arg-type]  # click.Choice guarantees a format
         requests=requests,
-        keys=opts["keys"],
-        rate=opts["rate"],
-        cv=opts["cv"],
-        seed=opts["seed"],
-        key_blocks=_key_blocks(opts["key_blocks"]),
-        tile=opts["tile"],
-        limit=opts["limit"],
+        keys=opts.keys,
+        rate=opts.rate,
+        cv=opts.cv,
+        seed=opts.seed,
+        key_blocks=_key_blocks(opts.key_blocks),
+        tile=opts.tile,
+        limit=opts.limit,
     )
-    slo_ms, slo_auto = _slo(opts["slo_ms"])
+    slo_ms, slo_auto = _slo(opts.slo_ms)
     try:
         config = EvalConfig(
-            session_hints=opts["session_hints"],  # narrowed to coarse block keys in `_run`
-            policies=_policies(opts["policies"]),
-            sim=SimConfig(destinations=opts["destinations"], service=service, seed=opts["seed"]),
+            session_hints=opts.session_hints,  # narrowed to coarse block keys in `_run`
+            policies=_policies(opts.policies),
+            sim=SimConfig(destinations=opts.destinations, service=service, seed=opts.seed),
             slo_ms=slo_ms,
             slo_auto=slo_auto,
-            slo_metric=opts["slo_metric"],
+            slo_metric=opts.slo_metric,
             refine_steps=2 if quick else 3,
-            q_cap=opts["q_cap"],
-            q_cap_factor=opts["q_cap_factor"],
-            warm_slots=opts["warm_slots"],
-            intervals=opts["intervals"],
-            oracle=opts["oracle"],
-            rate_decay=opts["rate_decay"],
-            fair_share=opts["fair_share"] or None,
-            group_separator=opts["group_separator"] or None,
-            spill_factor=opts["spill_factor"] or None,
-            cold_affinity=opts["cold_affinity"],
-            context_slack=opts["context_slack"],
-            plan_on_work=opts["plan_on_work"],
-            work_unit_tokens=opts["work_unit_tokens"] or None,
-            cluster_sizes=_ints(opts["cluster_sizes"]),
-            cluster_load_qps=opts["cluster_load"],
-            jobs=opts["jobs"],
+            q_cap=opts.q_cap,
+            q_cap_factor=opts.q_cap_factor,
+            warm_slots=opts.warm_slots,
+            intervals=opts.intervals,
+            oracle=opts.oracle,
+            rate_decay=opts.rate_decay,
+            fair_share=opts.fair_share or None,
+            group_separator=opts.group_separator or None,
+            spill_factor=opts.spill_factor or None,
+            cold_affinity=opts.cold_affinity,
+            context_slack=opts.context_slack,
+            plan_on_work=opts.plan_on_work,
+            work_unit_tokens=opts.work_unit_tokens or None,
+            cluster_sizes=_ints(opts.cluster_sizes),
+            cluster_load_qps=opts.cluster_load,
+            jobs=opts.jobs,
             fleet=FleetConfig(
-                gateways=opts["gateways"],
-                deal=opts["deal"],
-                plan_delay_s=opts["plan_delay_s"],
-                sync_s=opts["sync_s"],
-                sync_load=opts["sync_load"],
+                gateways=opts.gateways,
+                deal=opts.deal,
+                plan_delay_s=opts.plan_delay_s,
+                sync_s=opts.sync_s,
+                sync_load=opts.sync_load,
             ),
         )
     except ReplayError as exc:
@@ -656,6 +659,76 @@ prefill work) and p99 at the reference load (the highest sweep load Flat-LB stil
 the workload-only diagnostic. Plans are rebuilt 15 times per replay from the per-key rates observed
 so far (no oracle). The first 20% of each replay is warm-up and not measured.
 """
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluateOptions:
+    """`cacheroute evaluate`'s options, typed (one field per option, same name and default)."""
+
+    workload: WorkloadKind | None
+    trace: Path | None
+    fmt: str
+    policies: str
+    quick: bool
+    as_json: bool
+    out: Path | None
+    destinations: int
+    requests: int | None
+    keys: int
+    rate: float | None
+    cv: float
+    seed: int
+    slo_ms: str
+    slo_metric: SloMetric
+    q_cap: float | None
+    q_cap_factor: float
+    warm_slots: int
+    intervals: int
+    oracle: bool
+    rate_decay: float
+    fair_share: float
+    group_separator: str
+    spill_factor: float
+    gateways: int
+    deal: Deal
+    plan_delay_s: float
+    sync_s: float | None
+    sync_load: bool
+    jobs: int
+    seeds: int | None
+    work_unit_tokens: int
+    cold_affinity: bool
+    session_hints: bool
+    context_slack: bool
+    plan_on_work: bool
+    cluster_sizes: str | None
+    cluster_load: float | None
+    key_blocks: str
+    tile: int | None
+    limit: int | None
+    cache_tokens: int | None
+    max_running: int | None
+    chunk_tokens: int | None
+    prefill_token_us: float | None
+    attention_pair_ns: float | None
+    decode_step_ms: float | None
+    evidence: bool
+    doc: Path | None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object]) -> EvaluateOptions:
+        """From click's parsed values; the names must be exactly the fields (tested)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if sorted(params) != sorted(names):
+            raise click.UsageError(
+                f"evaluate's options and EvaluateOptions differ: {sorted(set(params) ^ set(names))}"
+            )
+        return cls(**params)  # type: ignore[arg-type]  # click's declared types give each field's
+
+    def service_override(self, name: str) -> int | float | None:
+        """One of the service-model overrides by option name (`--cache-tokens` ...)."""
+        value: int | float | None = getattr(self, name)
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -818,9 +891,9 @@ _SUITE = (
 )
 
 
-def _evidence(opts: dict[str, Any], console: Console) -> None:
-    out: Path = opts["out"] or Path("docs/evaluation")
-    doc: Path = opts["doc"] or out.parent / "EVALUATION.md"
+def _evidence(opts: EvaluateOptions, console: Console) -> None:
+    out: Path = opts.out or Path("docs/evaluation")
+    doc: Path = opts.doc or out.parent / "EVALUATION.md"
     runs: list[EvidenceRun] = []
     evals: dict[str, Evaluation] = {}
     totals = {"wall_s": 0.0, "sim_requests": 0}
@@ -828,7 +901,7 @@ def _evidence(opts: dict[str, Any], console: Console) -> None:
         if case.trace is not None and not case.trace.exists():
             console.print(f"skipping {case.title}: {case.trace} not found")
             continue
-        run_opts = dict(opts) | {name: value for name, value, _ in case.options}
+        run_opts = dataclasses.replace(opts, **{name: value for name, value, _ in case.options})
         fmt = "auto"
         run = _make_run(run_opts, case.workload, case.trace, fmt)
         console.print(f"[bold]{case.title}[/]")
@@ -841,7 +914,7 @@ def _evidence(opts: dict[str, Any], console: Console) -> None:
         policies = {n: v for n, v, _ in case.options}.get("policies")
         if policies:
             flags += f" --policies {policies}"
-        quick = " --quick" if opts["quick"] else ""
+        quick = " --quick" if opts.quick else ""
         cmd = f"cacheroute evaluate {source}{quick} {flags} --out DIR".replace("  ", " ")
         runs.append(EvidenceRun(case.title, result, links, cmd, fleet_group=case.fleet_group))
         evals[case.prefix] = result

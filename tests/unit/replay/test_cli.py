@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import orjson
 from click.testing import CliRunner
 
+from cacheroute.cli.evaluate import EvaluateOptions, evaluate_cmd
 from cacheroute.cli.main import cli
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -81,3 +83,9 @@ def test_session_hints_go_with_block_keys_only() -> None:
     # session keys already are the conversations; and the flag turns the hints off
     assert _plan_of(["--key-blocks", "session"])["session_hints"] is False
     assert _plan_of(["--key-blocks", "2", "--no-session-hints"])["session_hints"] is False
+
+
+def test_evaluate_options_are_typed_one_field_per_option() -> None:
+    """`evaluate`'s callback gets one typed EvaluateOptions, not a dict of Any."""
+    names = {p.name for p in evaluate_cmd.params}
+    assert names == {f.name for f in dataclasses.fields(EvaluateOptions)}
