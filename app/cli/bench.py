@@ -25,6 +25,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.planner import (
     Destination,
@@ -98,14 +99,8 @@ def _ms(fn: Callable[[], Plan]) -> tuple[float, Plan]:
 _workload_options = [
     click.option("--keys", default=PAPER_KEYS, show_default=True, type=click.IntRange(min=1)),
     click.option("--destinations", default=30, show_default=True, type=click.IntRange(min=1)),
-    click.option(
-        "--warm-slots",
-        default=_DEFAULT_WARM_SLOTS,
-        show_default=True,
-        type=click.IntRange(min=0),
-        help="W per destination.",
-    ),
-    click.option("--q-cap", type=float, help="[default: 0.15% of the total rate: whales get k=2]"),
+    warm_slots_option(default=_DEFAULT_WARM_SLOTS),
+    q_cap_option("[default: 0.15% of the total rate: whales get k=2]"),
     click.option("--admission", type=click.Choice(["rate", "bytes"]), default="rate"),
     click.option("--seed", default=0, show_default=True, help="Workload seed."),
 ]
@@ -141,7 +136,7 @@ def _with_workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option("--scale", is_flag=True, help="Also time --scale-keys keys and report the ratio.")
 @click.option("--scale-keys", default=1_000_000, show_default=True, type=click.IntRange(min=1))
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 @click.pass_obj
 def planner_bench(
     settings: Settings,
@@ -352,7 +347,7 @@ def _status_mb(field: str) -> float | None:
 )
 @click.option("--tolerance", default=1.05, show_default=True, help="max/mean load bound.")
 @click.option("--drift-seed", default=1, show_default=True, help="Seed of the drift factors.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 @click.pass_obj
 def churn_bench(
     settings: Settings,
@@ -453,7 +448,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
 @click.option("--events", default=1_000_000, show_default=True, help="Request events to ingest.")
 @click.option("--keys", default=100_000, show_default=True, help="Distinct routing keys.")
 @click.option("--seed", default=0, show_default=True, help="Workload seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 @click.pass_obj
 def bench_streams_cmd(settings: Any, events: int, keys: int, seed: int, as_json: bool) -> None:
     """Streams agent ingest (events/s) vs a plain consumer on the real broker, plus emit() cost.
@@ -471,7 +466,7 @@ def bench_streams_cmd(settings: Any, events: int, keys: int, seed: int, as_json:
 @click.option("--keys", default=100_000, show_default=True, help="Distinct routing keys.")
 @click.option("--seed", default=0, show_default=True, help="Workload seed.")
 @click.option("--broker", is_flag=True, help="Also measure emit+flush into a real broker.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 @click.pass_obj
 def bench_emitter_cmd(
     settings: Any, events: int, keys: int, seed: int, broker: bool, as_json: bool
@@ -488,7 +483,7 @@ def bench_emitter_cmd(
 @click.option("--destinations", default=30, show_default=True, help="Destinations.")
 @click.option("--decisions", default=1_000_000, show_default=True, help="Routing decisions.")
 @click.option("--seed", default=0, show_default=True, help="Workload seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 def bench_dispatcher_cmd(
     keys: int, destinations: int, decisions: int, seed: int, as_json: bool
 ) -> None:
@@ -531,7 +526,7 @@ def _emit_result(title: str, result: dict[str, Any], *, as_json: bool) -> None:
 )
 @click.option("--stream-tokens", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, help="Arrival-time seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 def bench_gateway_cmd(
     engines: int, duration: float, concurrency: int, stream_tokens: int, seed: int, as_json: bool
 ) -> None:
@@ -589,7 +584,7 @@ def bench_gateway_cmd(
     help="Least seconds between two commits; a version also waits for every gateway.",
 )
 @click.option("--seed", default=0, show_default=True, help="Workload and drift seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@json_option("Print exactly one JSON object.")
 @click.pass_obj
 def bench_propagation_cmd(
     settings: Settings,

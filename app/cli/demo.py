@@ -13,12 +13,18 @@ import click
 from rich.console import Console
 
 from cacheroute.cli.kafka import broker_for
+from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.localkafka.broker import broker_answers
 from cacheroute.settings import Settings
 
 __all__ = ["demo"]
+
+
+DEMO_WARM_SLOTS = 64
+"""W of the demo's planner: `evaluate`'s default (`replay.policy.WARM_SLOTS`, tested equal), not
+imported so that the gateway install's CLI loads without the simulator."""
 
 
 @click.command()
@@ -44,8 +50,8 @@ __all__ = ["demo"]
     help="Total requests/s offered [2000; with --http 150].",
 )
 @click.option("--keys", default=2000, show_default=True, type=click.IntRange(min=1))
-@click.option("--q-cap", default=4.0, show_default=True, help="Planner q_cap (req/s per replica).")
-@click.option("--warm-slots", default=64, show_default=True, type=click.IntRange(min=0))
+@q_cap_option("Planner q_cap (req/s per replica).", default=4.0)
+@warm_slots_option(default=DEMO_WARM_SLOTS)
 @click.option("--cache-blocks", default=2048, show_default=True, help="Simulated cache/dest.")
 @click.option(
     "--max-plan-age",
@@ -69,9 +75,7 @@ __all__ = ["demo"]
 )
 @click.option("--no-broker", is_flag=True, help="Use the broker at --bootstrap; do not start one.")
 @click.option("--headless", is_flag=True, help="No live view; progress lines on stderr.")
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON summary on stdout at the end."
-)
+@json_option("Print one JSON summary on stdout at the end.")
 @click.option("--keep-topics", is_flag=True, help="Keep this run's topics (default: delete).")
 @click.pass_obj
 def demo(

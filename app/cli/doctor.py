@@ -9,6 +9,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from cacheroute.cli.options import json_option
 from cacheroute.doctor import DoctorOptions, run_doctor
 from cacheroute.settings import Settings
 
@@ -52,7 +53,7 @@ _MARK = {"ok": "[green]ok[/]  ", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/
     help="Newest dead letters read per partition to name gateways with skewed clocks.",
 )
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per broker request.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 @click.pass_obj
 def doctor(
     settings: Settings,

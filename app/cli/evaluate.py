@@ -31,6 +31,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.evaluate import (
     AUTO_SLO_MULTIPLE,
@@ -236,7 +237,7 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     help="Comma-separated; flat-lb and cacheroute are always included.",
 )
 @click.option("--quick", is_flag=True, help=f"{QUICK_REQUESTS:,} requests, 2 refinement steps.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@json_option()
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -258,15 +259,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "replica's p99 exceeds it, then that (rounded up).",
 )
 @click.option("--slo-metric", type=click.Choice(SLO_METRICS), default="ttft", show_default=True)
-@click.option("--q-cap", type=float, help="[default: the measured knee of one replica]")
+@q_cap_option("[default: the measured knee of one replica]")
 @click.option(
     "--q-cap-factor", default=1.0, show_default=True, help="q_cap = this x the measured knee."
 )
-@click.option(
-    "--warm-slots",
+@warm_slots_option(
+    "W: keys planned per destination (C = R x W); the rest take the cold path.",
     default=WARM_SLOTS,
-    show_default=True,
-    help="W: keys planned per destination (C = R x W); the rest take the cold path.",
 )
 @click.option("--intervals", default=15, show_default=True, help="Re-plans per replay.")
 @click.option("--oracle", is_flag=True, help="Plan once from the true rates.")

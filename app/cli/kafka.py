@@ -9,6 +9,7 @@ import click
 import orjson
 from rich.console import Console
 
+from cacheroute.cli.options import json_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaacls import apply_acls, deployment_acls
 from cacheroute.localkafka import LocalBroker, resolve_distribution
@@ -101,7 +102,7 @@ def kafka() -> None:
     help="Nodes: N > 1 starts an N-node KRaft cluster (each controller and broker) on ports "
     "PORT, PORT+2, ...; `topics ensure` then replicates 3x with min.insync.replicas=2.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("Print the result as JSON.")
 @click.pass_obj
 def start(
     settings: Settings,
@@ -223,7 +224,7 @@ def stop(settings: Settings, timeout: float) -> None:
 
 
 @kafka.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 @click.pass_obj
 def status(settings: Settings, as_json: bool) -> None:
     """Say whether the broker runs and answers; exit 0 when it answers, 3 when it does not."""

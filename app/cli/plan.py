@@ -20,6 +20,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.planner import (
     Destination,
@@ -143,10 +144,8 @@ def read_plan(path: Path) -> Plan:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="One destination per line: NAME or NAME,CAPACITY (relative weight).",
 )
-@click.option("--q-cap", type=float, required=True, help="Capacity knee of one replica (req/s).")
-@click.option(
-    "--warm-slots", type=click.IntRange(min=0), required=True, help="W: warm slots per destination."
-)
+@q_cap_option("Capacity knee of one replica (req/s).", required=True)
+@warm_slots_option(required=True)
 @click.option(
     "--admission",
     type=click.Choice(["rate", "bytes"]),
@@ -185,7 +184,7 @@ def read_plan(path: Path) -> Plan:
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the plan JSON here."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@json_option("Print the plan as one JSON object.")
 @click.pass_obj
 def build(
     settings: Settings,
@@ -331,7 +330,7 @@ def _version_of(history: PlanHistory, version: int | None, topic: str) -> LivePl
     help="Write the whole plan as JSON (readable by `plan build --prev` and `plan diff`).",
 )
 @click.option("--timeout", default=60.0, show_default=True, help=_TIMEOUT_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 @click.pass_obj
 def show(
     settings: Settings,
@@ -383,7 +382,7 @@ def _resolve(arg: str, history: PlanHistory | None, topic: str) -> Plan:
 @click.argument("a")
 @click.argument("b")
 @click.option("--timeout", default=60.0, show_default=True, help=_TIMEOUT_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 @click.pass_obj
 def diff(settings: Settings, a: str, b: str, timeout: float, as_json: bool) -> None:
     """Compare plan A with plan B: moved keys and rate, added/removed keys, loads.

@@ -12,6 +12,7 @@ from types import FrameType
 
 import click
 
+from cacheroute.cli.options import q_cap_option, warm_slots_option
 from cacheroute.cli.plan import read_destinations
 from cacheroute.errors import ConfigError
 from cacheroute.kafkaio import check_credentials
@@ -45,8 +46,8 @@ def _config_help() -> str:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="One destination per line: NAME or NAME,CAPACITY.",
 )
-@click.option("--q-cap", type=float, help="Capacity knee of one replica of a key (req/s).")
-@click.option("--warm-slots", type=click.IntRange(min=0), help="W: warm slots per destination.")
+@q_cap_option("Capacity knee of one replica of a key (req/s).")
+@warm_slots_option()
 @click.option("--interval", "interval_s", type=float, help="Control interval, seconds [60].")
 @click.option("--tolerance", "imbalance_tolerance", type=float, help="max/mean bound [1.05].")
 @click.option("--hysteresis", type=float, help="Admission hysteresis h [0.2].")

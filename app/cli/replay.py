@@ -10,6 +10,7 @@ import click
 import orjson
 from rich.console import Console
 
+from cacheroute.cli.options import json_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.progress import progress_bar
 from cacheroute.replay.sources import SourceSpec, load_source
@@ -53,7 +54,7 @@ def _time_ms(text: str) -> int:
 @click.option("--to", "dest", help="Topic copy: destination topic (must exist).")
 @click.option("--from-offset", type=click.IntRange(min=0), help="Topic copy: start offset.")
 @click.option("--from-time", help="Topic copy: start time (epoch ms or ISO-8601).")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
+@json_option("Print the outcome as one JSON object.")
 @click.pass_obj
 def replay(
     settings: Settings,

@@ -7,6 +7,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.cli.options import json_option
 from cacheroute.kafkaacls import ROLES, apply_acls, deployment_acls, kafka_acls_commands
 from cacheroute.kafkaio import connect_admin
 from cacheroute.settings import Settings
@@ -56,7 +57,7 @@ def render_outcomes(outcomes: list[TopicOutcome], console: Console) -> None:
 
 
 @topics.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@json_option("Print the outcome as JSON.")
 @click.option(
     "--print-acls",
     is_flag=True,
@@ -129,7 +130,7 @@ def ensure(
 
 
 @topics.command()
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option("Print as JSON.")
 @click.pass_obj
 def describe(settings: Settings, as_json: bool) -> None:
     """Show partitions and the configs CacheRoute cares about for each topic."""
@@ -176,7 +177,7 @@ def describe(settings: Settings, as_json: bool) -> None:
 
 
 @topics.command(name="list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@json_option("Print a JSON list.")
 @click.pass_obj
 def list_cmd(settings: Settings, as_json: bool) -> None:
     """List the topics this principal may see (Kafka hides the others), with partition counts."""
@@ -210,7 +211,7 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
 @_STREAMS_APP_ID
 @_PLANNER_GROUP
 @_COMMAND_CONFIG
-@click.option("--json", "as_json", is_flag=True, help="Print the rules as JSON.")
+@json_option("Print the rules as JSON.")
 @click.pass_obj
 def acls(
     settings: Settings,

@@ -10,6 +10,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.cli.options import json_option
 from cacheroute.replay.sources import write_jsonl
 from cacheroute.replay.workloads import KINDS, generate, spec_for
 
@@ -36,7 +37,7 @@ def workload() -> None:
     help="JSONL file (ts,key,prompt_tokens,prefix_tokens,output_tokens,hash_ids); "
     "read it back with --format csv.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the workload's shape as JSON.")
+@json_option("Print the workload's shape as JSON.")
 def generate_cmd(
     kind: str,
     keys: int,

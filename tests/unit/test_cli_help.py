@@ -55,3 +55,19 @@ def test_demo_children_parse_with_click(module: str, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "Error:" in err
     assert "Traceback" not in err
+
+
+def test_shared_options_validate_alike() -> None:
+    """`--q-cap` and `--warm-slots` are one declaration (cacheroute.cli.options): one rule."""
+    from cacheroute.cli.demo import DEMO_WARM_SLOTS  # noqa: PLC0415 - the demo command module
+    from cacheroute.replay.policy import WARM_SLOTS  # noqa: PLC0415
+
+    assert DEMO_WARM_SLOTS == WARM_SLOTS
+    for args in (
+        ["plan", "build", "--q-cap", "0", "--warm-slots", "4", "--destinations", "2"],
+        ["evaluate", "--workload", "whale", "--q-cap", "-1"],
+        ["bench", "planner", "--warm-slots", "-1"],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Invalid value for" in result.output
