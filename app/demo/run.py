@@ -23,13 +23,12 @@ from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, TopicPartition
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from cacheroute.demo import httpmode
 from cacheroute.demo.procs import Child, start_child
+from cacheroute.demo.view import DemoState, progress_line, render
 from cacheroute.dispatcher.follower import FollowerConfig, PlanFollower
 from cacheroute.dispatcher.reader import LivePlan
 from cacheroute.kafkaio import consumer_config
@@ -79,26 +78,6 @@ class DemoOptions:
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
 
 
-@dataclass
-class _State:
-    """What the conductor has seen so far (written by reader threads, read by the view)."""
-
-    gateways: dict[str, dict[str, Any]] = field(default_factory=dict)
-    plan: LivePlan | None = None
-    plan_versions: list[int] = field(default_factory=list)
-    moved: list[tuple[int, float | None]] = field(default_factory=list)
-    streams: dict[str, float] = field(default_factory=dict)
-    planner: dict[str, float] = field(default_factory=dict)
-    events_per_s: float = 0.0
-    dead_letters: int = 0
-    failed: str | None = None
-    loadgen: dict[str, Any] = field(default_factory=dict)
-    """HTTP mode: the load generator's last stats line."""
-    engines: dict[str, dict[str, float]] = field(default_factory=dict)
-    """HTTP mode: each engine's last scraped counters."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -113,7 +92,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     run_dir = settings.home / "demo" / options.run_id
     console.print(f"demo run {options.run_id}: topics {prefix}*, logs in {run_dir}")
     ensure_topics(run_settings)
-    state = _State()
+    state = DemoState()
     children: list[Child] = []
     follower: PlanFollower | None = None
     cluster: httpmode.HttpCluster | None = None
@@ -343,7 +322,7 @@ def _stop_load(
             console.print(f"[yellow]last scrape of the gateways failed: {exc}[/]")
 
 
-def _loadgen_reader(state: _State) -> Callable[[bytes], None]:
+def _loadgen_reader(state: DemoState) -> Callable[[bytes], None]:
     """HTTP mode: keep the load generator's last stats line."""
 
     def on_line(line: bytes) -> None:
@@ -358,7 +337,7 @@ def _loadgen_reader(state: _State) -> Callable[[bytes], None]:
     return on_line
 
 
-def _poll_http(state: _State, cluster: httpmode.HttpCluster, *, final: bool = False) -> None:
+def _poll_http(state: DemoState, cluster: httpmode.HttpCluster, *, final: bool = False) -> None:
     """HTTP mode: scrape the gateways and the engines into the per-gateway stats."""
     gws, engines = httpmode.poll(cluster)
     with state.lock:
@@ -372,7 +351,7 @@ def _poll_http(state: _State, cluster: httpmode.HttpCluster, *, final: bool = Fa
                 state.engines[e] = m
 
 
-def _gateway_reader(state: _State) -> Callable[[bytes], None]:
+def _gateway_reader(state: DemoState) -> Callable[[bytes], None]:
     def on_line(line: bytes) -> None:
         try:
             stats = orjson.loads(line)
@@ -386,7 +365,7 @@ def _gateway_reader(state: _State) -> Callable[[bytes], None]:
 
 
 def _watch(  # noqa: PLR0912, PLR0917 - the conductor's loop takes the run's parts
-    state: _State,
+    state: DemoState,
     options: DemoOptions,
     children: list[Child],
     streams_port: int,
@@ -441,131 +420,16 @@ def _watch(  # noqa: PLR0912, PLR0917 - the conductor's loop takes the run's par
                 state.dead_letters = dead
             last_events, last_t = events, now
             if live is not None:
-                live.update(_view(state, options, deadline - now))
+                live.update(render(state, options, deadline - now))
             elif now - last_progress >= 5.0:
                 last_progress = now
-                console.print(_progress_line(state, deadline - now))
+                console.print(progress_line(state, deadline - now))
             time.sleep(1.0)
     except KeyboardInterrupt:
         return True
     finally:
         if live is not None:
             live.stop()
-
-
-def _progress_line(state: _State, left: float) -> str:
-    with state.lock:
-        gws = ", ".join(
-            f"{g}: v{s.get('plan_version')} routed {s.get('routed')} by plan "
-            f"{s.get('routed_by_plan')}"
-            for g, s in sorted(state.gateways.items())
-        )
-        line = (
-            f"[{left:5.0f}s left] plan versions {len(state.plan_versions)}, "
-            f"events/s {state.events_per_s:.0f}, dead letters {state.dead_letters}; {gws}"
-        )
-        if state.loadgen:
-            line += "; " + httpmode.summary_line(state.loadgen, state.engines).plain
-        return line
-
-
-def _fmt(x: float | None, spec: str = ".1f", none: str = "-") -> str:
-    return none if x is None else format(x, spec)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _view(state: _State, options: DemoOptions, left: float) -> Group:
-    with state.lock:
-        live = state.plan
-        gws = dict(state.gateways)
-        planner = dict(state.planner)
-        moved = list(state.moved[-6:])
-        eps, dead = state.events_per_s, state.dead_letters
-        loadgen, engines = dict(state.loadgen), dict(state.engines)
-    head = Text()
-    if live is None:
-        head.append("plan: none yet (the first window must close first)\n", style="yellow")
-    else:
-        plan = live.plan
-        age = time.time() - plan.created_ms / 1000.0
-        head.append(f"plan v{plan.version}", style="bold green")
-        head.append(
-            f"  age {age:.1f} s  admitted keys {plan.n_admitted}  "
-            f"Σk {plan.slots_used} / {options.destinations * options.warm_slots}  "
-            f"rate {plan.total_rate:.0f} req/s (cold {plan.cold_rate:.0f})  "
-            f"imbalance {_fmt(planner.get('cacheroute_planner_imbalance'), '.3f')}\n"
-        )
-    head.append(
-        "moved rate at each new plan: "
-        + (
-            ", ".join(f"v{v}: {_fmt(None if m is None else 100 * m, '.1f')}%" for v, m in moved)
-            or "-"
-        )
-        + "\n"
-    )
-    head.append(f"events/s (streams) {eps:.0f}   dead letters {dead}   {left:.0f} s left")
-
-    dest = Table(title="destinations", title_justify="left")
-    dest.add_column("dest")
-    dest.add_column("expected req/s (plan)", justify="right")
-    dest.add_column("observed req/s (gateways)", justify="right")
-    if options.http:
-        for col in ("engine hit rate", "served", "running/waiting"):
-            dest.add_column(col, justify="right")
-    engine_cells = httpmode.engine_rows(engines)
-    for i in range(options.destinations):
-        expected = None
-        if live is not None and i < len(live.plan.loads):
-            expected = float(live.plan.loads[i])
-        observed = sum(float(s.get("load", [0.0] * (i + 1))[i]) for s in gws.values())
-        extra = engine_cells.get(f"d{i}", ("-", "-", "-")) if options.http else ()
-        dest.add_row(f"d{i}", _fmt(expected), f"{observed:.1f}", *extra)
-
-    gwt = Table(
-        title="gateways (served prefix-cache hit rate, token-weighted"
-        + (", as the engines reported it)" if options.http else ")"),
-        title_justify="left",
-    )
-    for col in (
-        "gateway",
-        "plan",
-        "age s",
-        "routed",
-        "by plan",
-        "stale",
-        "hit rate",
-        "last 1 s",
-    ):
-        gwt.add_column(col, justify="right")
-    if options.http:  # the gateway does not split its hit rate by route kind; TTFT instead
-        httpmode.ttft_columns(gwt)
-    else:
-        gwt.add_column("plan-routed", justify="right")
-        gwt.add_column("other", justify="right")
-    for g, s in sorted(gws.items()):
-        routed = int(s.get("routed", 0))
-        by_plan = int(s.get("routed_by_plan", 0))
-        gwt.add_row(
-            g,
-            str(s.get("plan_version") or "-"),
-            _fmt(s.get("plan_age_s")),
-            str(routed),
-            f"{by_plan} ({100 * by_plan / routed:.0f}%)" if routed else "0",
-            str(s.get("route_kinds", {}).get("stale", 0)),
-            _pct(s.get("hit_rate")),
-            _pct(s.get("hit_rate_recent")),
-            *(
-                httpmode.ttft_cells(s)
-                if options.http
-                else (_pct(s.get("hit_rate_plan")), _pct(s.get("hit_rate_other")))
-            ),
-        )
-    if options.http:
-        return Group(head, httpmode.summary_line(loadgen, engines), dest, gwt)
-    return Group(head, dest, gwt)
 
 
 def _delete_topics(settings: Settings, run_id: str, console: Console) -> None:
@@ -599,7 +463,7 @@ def _delete_topics(settings: Settings, run_id: str, console: Console) -> None:
 
 
 def _summary(  # noqa: PLR0917
-    state: _State,
+    state: DemoState,
     options: DemoOptions,
     prefix: str,
     seconds: float,
