@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig, InFlight
-    from cacheroute.dispatcher.emitter import Emitter
-    from cacheroute.dispatcher.emitter_config import EmitterConfig
+    from cacheroute.dispatcher.emitter.config import EmitterConfig
+    from cacheroute.dispatcher.emitter.emitter import Emitter
     from cacheroute.dispatcher.errors import DispatchError
     from cacheroute.dispatcher.routing import Router
 
@@ -36,8 +36,8 @@ _WHERE = {
     "DispatchError": "cacheroute.dispatcher.errors",
     "Dispatcher": "cacheroute.dispatcher.dispatcher",
     "DispatcherConfig": "cacheroute.dispatcher.dispatcher",
-    "Emitter": "cacheroute.dispatcher.emitter",
-    "EmitterConfig": "cacheroute.dispatcher.emitter_config",
+    "Emitter": "cacheroute.dispatcher.emitter.emitter",
+    "EmitterConfig": "cacheroute.dispatcher.emitter.config",
     "InFlight": "cacheroute.dispatcher.dispatcher",
     "Router": "cacheroute.dispatcher.routing",
 }

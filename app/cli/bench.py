@@ -455,7 +455,7 @@ def bench_streams_cmd(settings: Any, events: int, keys: int, seed: int, as_json:
 
     Needs a broker (`cacheroute kafka start`). Creates and deletes its own topics.
     """
-    from cacheroute.streamsbench import bench_streams  # noqa: PLC0415 - needs Kafka; lazy
+    from cacheroute.benchmarks.streams import bench_streams  # noqa: PLC0415 - needs Kafka; lazy
 
     result = bench_streams(settings, events, keys, seed)
     _emit_result("streams benchmark", result, as_json=as_json)
@@ -472,7 +472,7 @@ def bench_emitter_cmd(
     settings: Any, events: int, keys: int, seed: int, broker: bool, as_json: bool
 ) -> None:
     """Cost of the gateway emitter's emit() (ns/call) against a list-append baseline."""
-    from cacheroute.dispatcher.emitter_bench import bench_emitter  # noqa: PLC0415
+    from cacheroute.benchmarks.emitter import bench_emitter  # noqa: PLC0415
 
     result = bench_emitter(events, keys, seed=seed, settings=settings if broker else None)
     _emit_result("emitter benchmark", result, as_json=as_json)
@@ -488,7 +488,7 @@ def bench_dispatcher_cmd(
     keys: int, destinations: int, decisions: int, seed: int, as_json: bool
 ) -> None:
     """Routing decisions/s, per-call p50/p99, and the worst stall while a new plan is applied."""
-    from cacheroute.dispatcher.dispatcher_bench import bench_dispatcher  # noqa: PLC0415
+    from cacheroute.benchmarks.dispatcher import bench_dispatcher  # noqa: PLC0415
 
     with Console(stderr=True).status("routing ..."):
         result = bench_dispatcher(keys, destinations, decisions, seed)
@@ -532,7 +532,7 @@ def bench_gateway_cmd(
 ) -> None:
     """One gateway in front of zero-delay engines: req/s at saturation, and the latency it adds at
     half that load against the same client going straight to an engine (plain and streamed)."""
-    from cacheroute.gatewaybench import GatewayBench, run_gateway_bench  # noqa: PLC0415
+    from cacheroute.benchmarks.gateway import GatewayBench, run_gateway_bench  # noqa: PLC0415
 
     cfg = GatewayBench(
         engines=engines,
@@ -602,7 +602,7 @@ def bench_propagation_cmd(
     Needs a broker (`cacheroute kafka start`). Gateways are child processes, stopped at the end;
     the run's topics are created and deleted.
     """
-    from cacheroute.propagationbench import (  # noqa: PLC0415 - needs Kafka; lazy
+    from cacheroute.benchmarks.propagation import (  # noqa: PLC0415 - needs Kafka; lazy
         PropagationBench,
         run_propagation_bench,
         total_steps,

@@ -114,7 +114,7 @@ def replay(
     reqs = load_source(spec)
     if compress is not None:
         reqs = reqs.compressed(compress)
-    from cacheroute.dispatcher.emitter import Emitter  # noqa: PLC0415 - Kafka client, lazily
+    from cacheroute.dispatcher.emitter.emitter import Emitter  # noqa: PLC0415 - Kafka client, lazily
     from cacheroute.replay.live import push  # noqa: PLC0415
 
     with progress_bar(console) as progress, Emitter(settings, gateway_id) as emitter:

@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
-from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.logs import setup_logging
 from cacheroute.replay.cache import cache_lookup_insert, new_cache

@@ -25,8 +25,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from cacheroute.benchmarks.gateway import wait_healthy
 from cacheroute.demo.procs import Child, start_child
-from cacheroute.gatewaybench import wait_healthy
 from cacheroute.loopback import free_port, scrape_metrics
 
 __all__ = [

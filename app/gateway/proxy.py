@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from cacheroute.dispatcher.dispatcher import Dispatcher, InFlight
-from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.gateway.config import Backend, GatewayConfig
 from cacheroute.gateway.errors import error_payload
 from cacheroute.gateway.health import BackendHealth

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
-from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.gateway.config import GatewayConfig
 from cacheroute.gateway.health import BackendHealth
 from cacheroute.gateway.metrics import GatewayMetrics

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.kafkaio import consumer_config, producer_config
 from cacheroute.loopback import free_port, scrape_metrics
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for

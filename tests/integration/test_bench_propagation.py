@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from cacheroute.propagationbench import RESULT_FIELDS
+from cacheroute.benchmarks.propagation import RESULT_FIELDS
 from cacheroute.settings import Settings
 from cacheroute.topics import make_admin
 

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
-from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.emitter_config import EmitterConfig
-from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.emitter.config import EmitterConfig
+from cacheroute.dispatcher.emitter.emitter import Emitter
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import KafkaRecord, producer_config, read_partition
 from cacheroute.schemas import RequestBatch, RequestSummary, decode_any

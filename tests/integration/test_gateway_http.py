@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import pytest
 
-from cacheroute.gatewaybench import GatewayBench, run_gateway_bench
+from cacheroute.benchmarks.gateway import GatewayBench, run_gateway_bench
 from cacheroute.kafkaio import read_partition
 from cacheroute.loopback import free_port
 from cacheroute.planner import Plan, PlannerParams, build_plan

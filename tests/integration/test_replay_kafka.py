@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from confluent_kafka.admin import NewTopic
 
 from cacheroute.cli.main import cli
-from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.kafkaio import KafkaRecord, read_partition
 from cacheroute.replay.live import copy_topic, push
 from cacheroute.replay.requestset import RequestSet

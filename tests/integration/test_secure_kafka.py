@@ -44,7 +44,7 @@ from confluent_kafka.admin import (
 )
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
-from cacheroute.dispatcher.emitter import Emitter
+from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.dispatcher.reader import read_plan_history
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import producer_config

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.kafkaio import producer_config, read_partition
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for
 from cacheroute.settings import Settings

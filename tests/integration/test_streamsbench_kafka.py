@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cacheroute.benchmarks.streams import bench_streams
 from cacheroute.settings import Settings
-from cacheroute.streamsbench import bench_streams
 
 pytestmark = pytest.mark.kafka
 

@@ -46,8 +46,8 @@ from confluent_kafka import Consumer, ElectionType, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
-from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.emitter.emitter import Emitter
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.dispatcher.reader import PlanHistory, read_plan_history
 from cacheroute.dispatcher.routing import RouteKind, RoutingTable
 from cacheroute.kafkaio import consumer_config, read_partition

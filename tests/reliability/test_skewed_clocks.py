@@ -23,7 +23,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.doctor import DoctorOptions, run_doctor
 from cacheroute.kafkaio import KafkaRecord, producer_config, read_partition
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for

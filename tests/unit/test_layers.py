@@ -105,3 +105,16 @@ def test_the_check_catches_a_shell_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from cacheroute.planservice.follower import PlanFollower\n")
     assert _imports(bad) == ["cacheroute.planservice.follower"]
+
+
+def test_benchmarks_live_together_outside_the_libraries() -> None:
+    """Every benchmark module is in benchmarks/ (`cacheroute.benchmarks`); the `bench` CLI only
+    wires them (and holds the planner's, which share the churn experiment's workload)."""
+    stray = [
+        str(p.relative_to(ROOT))
+        for where in (*LIBRARIES.values(), ROOT / "app")
+        for p in where.rglob("*bench*.py")
+        if p != ROOT / "app" / "cli" / "bench.py"
+    ]
+    assert stray == []
+    assert len(list((ROOT / "benchmarks").glob("*.py"))) >= 5

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.emitter_config import EmitterConfig
-from cacheroute.dispatcher.partitioner import partition_for
+from cacheroute.dispatcher.emitter.config import EmitterConfig
+from cacheroute.dispatcher.emitter.emitter import Emitter
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.schemas import RequestBatch, RequestSummary
 from cacheroute.settings import Settings
 from tests.unit.dispatcher.fakes import FakeClock, FakeProducer

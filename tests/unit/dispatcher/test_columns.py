@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 
-from cacheroute.dispatcher.columns import (
+from cacheroute.dispatcher.emitter.columns import (
     NO_HASHES,
     ColumnBuffer,
     Columns,

@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
-from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.emitter_config import EmitterConfig
+from cacheroute.dispatcher.emitter.config import EmitterConfig
+from cacheroute.dispatcher.emitter.emitter import Emitter
+from cacheroute.dispatcher.emitter.partitioner import partition_for
 from cacheroute.dispatcher.errors import DispatchError
-from cacheroute.dispatcher.partitioner import partition_for
 from cacheroute.schemas import RequestBatch
 from tests.unit.dispatcher.fakes import FakeClock, FakeProducer
 from tests.unit.dispatcher.helpers import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cacheroute.dispatcher.emitter_bench import bench_emitter, workload
+from cacheroute.benchmarks.emitter import bench_emitter, workload
 
 
 def test_workload_is_seeded_and_skewed() -> None:

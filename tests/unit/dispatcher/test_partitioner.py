@@ -10,7 +10,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cacheroute.dispatcher.partitioner import PartitionMemo, murmur2, partition_for
+from cacheroute.dispatcher.emitter.partitioner import PartitionMemo, murmur2, partition_for
 
 
 def _signed(h: int) -> int:

@@ -9,7 +9,7 @@ import sys
 def test_the_public_names_come_from_the_package() -> None:
     import cacheroute.dispatcher as api  # noqa: PLC0415 - the import is what is tested
     from cacheroute.dispatcher.dispatcher import Dispatcher  # noqa: PLC0415
-    from cacheroute.dispatcher.emitter import Emitter  # noqa: PLC0415
+    from cacheroute.dispatcher.emitter.emitter import Emitter  # noqa: PLC0415
 
     assert api.Dispatcher is Dispatcher
     assert api.Emitter is Emitter

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 PURE = [
-    "cacheroute.dispatcher.partitioner",
-    "cacheroute.dispatcher.columns",
-    "cacheroute.dispatcher.summary",
-    "cacheroute.dispatcher.throttle",
-    "cacheroute.dispatcher.emitter_config",
-    "cacheroute.dispatcher.fields",
+    "cacheroute.dispatcher.emitter.partitioner",
+    "cacheroute.dispatcher.emitter.columns",
+    "cacheroute.dispatcher.emitter.summary",
+    "cacheroute.dispatcher.emitter.throttle",
+    "cacheroute.dispatcher.emitter.config",
+    "cacheroute.dispatcher.emitter.fields",
 ]
 FORBIDDEN = {"confluent_kafka", "aiokafka", "faust", "time", "random", "datetime", "threading"}
 

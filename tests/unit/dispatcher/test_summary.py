@@ -7,7 +7,7 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cacheroute.dispatcher.summary import TickAccumulator, summary_from
+from cacheroute.dispatcher.emitter.summary import TickAccumulator, summary_from
 from cacheroute.schemas import RequestSummary, codec_for
 from tests.unit.dispatcher.fakes import FakeProducer
 from tests.unit.dispatcher.helpers import batches, make_emitter, summaries

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from cacheroute.dispatcher.throttle import ThrottledLog
+from cacheroute.dispatcher.emitter.throttle import ThrottledLog
 
 LOGGER = "tests.throttle"
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from cacheroute.benchmarks.streams import aggregate_per_key
 from cacheroute.streams.keyagg import KeyAgg
-from cacheroute.streamsbench import aggregate_per_key
 
 # (key, event time ms), in a scrambled arrival order. Worked out by hand:
 #   a: 10 20 30 40    -> gaps 10 10 10 -> count 4, mean 10, CV 0

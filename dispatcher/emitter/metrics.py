@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cacheroute.dispatcher.emitter_config import EmitterStats
+from cacheroute.dispatcher.emitter.config import EmitterStats
 
 __all__ = ["EmitterCollector"]
 

@@ -21,11 +21,11 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from cacheroute.dispatcher.columns import Columns, batch_from, heartbeat_due
-from cacheroute.dispatcher.emitter_config import EmitterConfig
-from cacheroute.dispatcher.summary import summary_from
-from cacheroute.dispatcher.throttle import ThrottledLog
-from cacheroute.dispatcher.transport import ProducerLike
+from cacheroute.dispatcher.emitter.columns import Columns, batch_from, heartbeat_due
+from cacheroute.dispatcher.emitter.config import EmitterConfig
+from cacheroute.dispatcher.emitter.summary import summary_from
+from cacheroute.dispatcher.emitter.throttle import ThrottledLog
+from cacheroute.dispatcher.emitter.transport import ProducerLike
 from cacheroute.schemas import RequestBatch, RequestSummary, SchemaError, codec_for
 
 __all__ = ["Ledger", "Outgoing", "Sealer", "Taken"]

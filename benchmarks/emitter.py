@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.emitter_config import EmitterConfig
-from cacheroute.dispatcher.transport import DeliveryCallback
+from cacheroute.dispatcher.emitter.config import EmitterConfig
+from cacheroute.dispatcher.emitter.emitter import Emitter
+from cacheroute.dispatcher.emitter.transport import DeliveryCallback
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 

@@ -67,9 +67,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rich.console import Console
 from rich.progress import Progress
 
-from cacheroute.dispatcher.emitter import Emitter
-from cacheroute.dispatcher.emitter_bench import bench_emitter
-from cacheroute.dispatcher.emitter_config import EmitterConfig
+from cacheroute.benchmarks.emitter import bench_emitter
+from cacheroute.dispatcher.emitter.config import EmitterConfig
+from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config, producer_config
 from cacheroute.loopback import free_port, scrape_metrics

@@ -26,22 +26,22 @@ from types import TracebackType
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from cacheroute.dispatcher.columns import NO_HASHES, ColumnBuffer, Columns, seal_due
-from cacheroute.dispatcher.emitter_config import EmitterConfig, EmitterStats
-from cacheroute.dispatcher.emitter_metrics import EmitterCollector
+from cacheroute.dispatcher.emitter.columns import NO_HASHES, ColumnBuffer, Columns, seal_due
+from cacheroute.dispatcher.emitter.config import EmitterConfig, EmitterStats
+from cacheroute.dispatcher.emitter.fields import INT_MAX, LONG_MAX, as_count, as_event_time, as_text
+from cacheroute.dispatcher.emitter.metrics import EmitterCollector
+from cacheroute.dispatcher.emitter.partitioner import PartitionMemo
+from cacheroute.dispatcher.emitter.sealer import Outgoing, Sealer, Taken
+from cacheroute.dispatcher.emitter.summary import TickAccumulator
+from cacheroute.dispatcher.emitter.throttle import ThrottledLog
+from cacheroute.dispatcher.emitter.transport import ProducerLike, discover_partitions
 from cacheroute.dispatcher.errors import DispatchError
-from cacheroute.dispatcher.fields import INT_MAX, LONG_MAX, as_count, as_event_time, as_text
-from cacheroute.dispatcher.partitioner import PartitionMemo
-from cacheroute.dispatcher.sealer import Outgoing, Sealer, Taken
-from cacheroute.dispatcher.summary import TickAccumulator
-from cacheroute.dispatcher.throttle import ThrottledLog
-from cacheroute.dispatcher.transport import ProducerLike, discover_partitions
 from cacheroute.kafkaio import producer_config
 from cacheroute.settings import Settings
 
 __all__ = ["Emitter", "EmitterConfig", "EmitterStats"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cacheroute.dispatcher.emitter")  # its name before the package split
 
 
 def _wall_ms() -> int:

@@ -1,9 +1,9 @@
 """`cacheroute bench propagation`: how long a committed plan version takes to reach every gateway.
 
 What is timed, per new plan version and gateway: from the planner's commit (the publisher's
-`commit_transaction` returning, stamped in `_TimedPublisher._commit`) to that gateway's
+call of `commit_transaction`, stamped in `_TimedPublisher._commit` just before it) to that gateway's
 `Dispatcher` having applied the version (its routing table swapped in). Gateways are separate OS
-processes (`python -m cacheroute.propagationbench --child ...`), each running a real
+processes (`python -m cacheroute.benchmarks.propagation --child ...`), each running a real
 `Dispatcher(...).follow(settings)` on the real broker, so decoding and building the table happen
 where they do in production, with every gateway competing for the same cores.
 
@@ -125,13 +125,18 @@ def total_steps(cfg: PropagationBench) -> int:
 
 # ----------------------------------------------------------------------------- parent side
 class _TimedPublisher(PlanPublisher):
-    """A `PlanPublisher` that stamps the moment its transaction commit returned."""
+    """A `PlanPublisher` that stamps the moment it asks the broker to commit its transaction.
+
+    Not when the call returns: the broker writes the commit markers before it answers, so a
+    read_committed gateway can apply the version a millisecond before `commit_transaction`
+    returns here, and a stamp after the call measured negative propagation times under load.
+    From the call's start a pair includes the commit round trip: never shorter than the truth."""
 
     committed_ns = 0
 
     def _commit(self, producer: Producer, timeout: float) -> None:
-        super()._commit(producer, timeout)
         self.committed_ns = time.time_ns()
+        super()._commit(producer, timeout)
 
 
 class _Plans:
@@ -178,7 +183,7 @@ class _Gateways:
 
     def start(self, n: int, settings: Settings, cfg: PropagationBench, logs: Path) -> None:
         for g in range(n):
-            argv = ["-m", "cacheroute.propagationbench", "--child", f"--gateway={g}"]
+            argv = ["-m", "cacheroute.benchmarks.propagation", "--child", f"--gateway={g}"]
             argv += [f"--bootstrap={settings.bootstrap}", f"--topic-prefix={settings.topic_prefix}"]
             argv += [f"--destinations={cfg.destinations}"]
             if settings.kafka_config is not None:
@@ -441,7 +446,7 @@ class _TimedDispatcher(Dispatcher):
 
 def _child(argv: Sequence[str]) -> None:
     """One gateway: follow the plans topic with a `_TimedDispatcher` until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m cacheroute.propagationbench")
+    parser = argparse.ArgumentParser(prog="python -m cacheroute.benchmarks.propagation")
     parser.add_argument("--child", action="store_true", required=True)
     parser.add_argument("--gateway", type=int, required=True)
     parser.add_argument("--bootstrap", required=True)
