@@ -4,6 +4,9 @@ Values come from defaults, then `CACHEROUTE_*` environment variables, then CLI f
 It is a frozen dataclass passed to whatever needs it — no module globals — so tests build their own
 (`Settings(topic_prefix="test-1234.")`) without touching the environment.
 
+It carries the connection and the topics, nothing about the local development broker (its jars,
+version and heap are `cacheroute.localkafka.settings.LocalBrokerSettings`).
+
 The connection's security (SASL, TLS) is `kafka_security`, built by `cacheroute.kafkasecurity` from
 the file `kafka_config` (`--kafka-config`, CACHEROUTE_KAFKA_CONFIG) and the CACHEROUTE_KAFKA_*
 variables; when that file names `bootstrap.servers` and neither CACHEROUTE_BOOTSTRAP nor
@@ -94,17 +97,7 @@ class Settings:
     replicas, else 1. Below 2 with three or more replicas is refused (`check_min_insync`)."""
 
     home: Path = field(default_factory=default_home)
-    """Cache of broker jars and local broker state (data, logs, pid file)."""
-    kafka_version: str = "4.1.1"
-    """Apache Kafka version the local broker runs (fetched from Maven Central when not cached)."""
-    kafka_home: Path | None = None
-    """An unpacked Apache Kafka release to use instead of downloading (env: KAFKA_HOME)."""
-    kafka_source: str = "auto"
-    """Where to get the broker jars when not cached: auto, maven or tarball."""
-    kafka_mirror: str = "https://archive.apache.org/dist/kafka"
-    """Base URL of Apache Kafka release tarballs (source `tarball`)."""
-    kafka_heap: str = "512m"
-    """Java heap of the local broker."""
+    """Local state of every process (streams tables, demo runs, the local broker's jars and data)."""
     kafka_config: Path | None = None
     """A Kafka client properties file or a `.toml` file with the connection's security settings
     (env CACHEROUTE_KAFKA_CONFIG, flag --kafka-config); see cacheroute.kafkasecurity."""
@@ -144,8 +137,6 @@ class Settings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None and raw != "":
                 values[f.name] = _parse(f.name, f.type, raw)
-        if "kafka_home" not in values and env.get("KAFKA_HOME"):
-            values["kafka_home"] = Path(env["KAFKA_HOME"])
         given = {k: v for k, v in overrides.items() if v is not None}
         if "kafka_security" not in given:
             config_file = given.get("kafka_config", values.get("kafka_config"))
@@ -186,8 +177,6 @@ class Settings:
         check_min_insync(self.replication_factor, self.min_insync_replicas)
         if not 0.0 < self.plans_min_cleanable_dirty_ratio <= 1.0:
             raise ConfigError(f"{ENV_PREFIX}PLANS_MIN_CLEANABLE_DIRTY_RATIO must be in (0, 1]")
-        if self.kafka_source not in ("auto", "maven", "tarball"):
-            raise ConfigError(f"{ENV_PREFIX}KAFKA_SOURCE must be auto, maven or tarball")
         self.kafka_security.validate()
 
     def with_overrides(self, **overrides: Any) -> Settings:

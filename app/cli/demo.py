@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-from cacheroute.cli.kafka import broker_for
+from cacheroute.cli.kafka import broker_for, local_for
 from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.localkafka import LocalBroker, resolve_distribution
@@ -133,7 +133,7 @@ def demo(
         console.print(f"using the broker at {settings.bootstrap}")
     else:
         broker = broker_for(settings)
-        dist = resolve_distribution(settings, console=console)
+        dist = resolve_distribution(local_for(settings), console=console)
         with console.status(f"Starting Kafka {dist.version} at {broker.bootstrap} ..."):
             result = broker.start(dist)
         if not result.already_running:

@@ -14,9 +14,15 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaacls import apply_acls, deployment_acls
 from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.localkafka.cluster import LocalCluster
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.settings import Settings
 
-__all__ = ["broker_for", "cluster_for", "kafka"]
+__all__ = ["broker_for", "cluster_for", "kafka", "local_for"]
+
+
+def local_for(settings: Settings, **overrides: str | None) -> LocalBrokerSettings:
+    """The local broker's own settings (environment, then flags), state under `settings.home`."""
+    return LocalBrokerSettings.from_env(home=settings.home, **overrides)
 
 
 def broker_for(settings: Settings, *, secure: bool = False) -> LocalBroker:
@@ -26,7 +32,7 @@ def broker_for(settings: Settings, *, secure: bool = False) -> LocalBroker:
         settings.home / "brokers" / f"{host}-{port}",
         host=host,
         port=port,
-        heap=settings.kafka_heap,
+        heap=local_for(settings).kafka_heap,
         secure=secure,
     )
 
@@ -39,7 +45,7 @@ def cluster_for(settings: Settings, brokers: int) -> LocalCluster:
         host=host,
         port=port,
         brokers=brokers,
-        heap=settings.kafka_heap,
+        heap=local_for(settings).kafka_heap,
     )
 
 
@@ -120,9 +126,9 @@ def start(
     With --secure it also creates the ACLs of the four roles for the current topic names
     (--topic-prefix applies) and prints where each role's credentials are.
     """
-    settings = settings.with_overrides(kafka_source=source, kafka_version=kafka_version)
+    local = local_for(settings, kafka_source=source, kafka_version=kafka_version)
     console = Console(stderr=True)
-    dist = resolve_distribution(settings, console=console)
+    dist = resolve_distribution(local, console=console)
     if brokers > 1:
         if secure:
             raise CacheRouteError(

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from cacheroute.errors import CacheRouteError
-from cacheroute.settings import Settings
+from cacheroute.localkafka.settings import LocalBrokerSettings
 
 __all__ = [
     "KafkaDistribution",
@@ -106,7 +106,7 @@ def _version_of_libs(libs: Path) -> str | None:
 
 
 def resolve_distribution(
-    settings: Settings, *, console: Console | None = None
+    settings: LocalBrokerSettings, *, console: Console | None = None
 ) -> KafkaDistribution:
     """Find or fetch the broker's jars as described in the module docstring."""
     console = console or Console(stderr=True)

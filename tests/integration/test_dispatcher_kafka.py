@@ -17,6 +17,7 @@ from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.kafkaio import producer_config
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.loopback import free_port_block
 from cacheroute.planner import Plan
 from cacheroute.planner.protocol import HEADER_KEY
@@ -145,7 +146,7 @@ def test_broker_outage_keeps_routing_on_the_last_plan(
 ) -> None:
     port = free_port_block(2)
     broker = LocalBroker(tmp_path / "broker", port=port, heap="384m")
-    dist = resolve_distribution(kafka_settings)
+    dist = resolve_distribution(LocalBrokerSettings.from_env())
     broker.start(dist, timeout=120)
     settings = kafka_settings.with_overrides(bootstrap=broker.bootstrap, topic_prefix="outage.")
     dispatcher: Dispatcher | None = None

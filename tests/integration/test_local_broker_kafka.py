@@ -19,6 +19,7 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import produce_sync, producer_config, read_partition
 from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.localkafka.broker import broker_answers
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.loopback import free_port_block
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
@@ -37,7 +38,7 @@ def private_broker(tmp_path: Path, kafka_settings: Settings) -> Iterator[LocalBr
 def test_start_idempotent_restart_keeps_data_stop(
     private_broker: LocalBroker, kafka_settings: Settings
 ) -> None:
-    dist = resolve_distribution(kafka_settings)
+    dist = resolve_distribution(LocalBrokerSettings.from_env())
     first = private_broker.start(dist, timeout=120)
     assert not first.already_running
     assert broker_answers(private_broker.bootstrap)
@@ -84,4 +85,4 @@ def test_port_taken_by_a_stranger_is_a_clear_error(
         port = int(squatter.getsockname()[1])
         broker = LocalBroker(tmp_path, port=port)
         with pytest.raises(CacheRouteError, match="already in use by another process"):
-            broker.start(resolve_distribution(kafka_settings))
+            broker.start(resolve_distribution(LocalBrokerSettings.from_env()))

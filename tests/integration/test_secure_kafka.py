@@ -50,6 +50,7 @@ from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import producer_config
 from cacheroute.kafkasecurity import ENV_VARS
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.loopback import free_port, free_port_block, scrape_metrics
 from cacheroute.planservice.publisher import PlanPublisher
 from cacheroute.settings import Settings
@@ -123,10 +124,10 @@ class SecureCluster:
 
 @pytest.fixture(scope="session")
 def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
-    base = Settings.from_env(_clean_env())
-    dist = resolve_distribution(base)  # the jar cache (fetched once, as for the main broker)
+    local = LocalBrokerSettings.from_env(_clean_env())
+    dist = resolve_distribution(local)  # the jar cache (fetched once, as for the main broker)
     home = tmp_path_factory.mktemp("secure-home")
-    if base.kafka_home is None:
+    if local.kafka_home is None:
         (home / "kafka").symlink_to(dist.libs.parent.parent, target_is_directory=True)
     port = free_port_block(2)
     bootstrap = f"127.0.0.1:{port}"

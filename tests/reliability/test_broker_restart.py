@@ -18,6 +18,7 @@ from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.reader import read_plan_history
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.loopback import free_port_block
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
@@ -40,7 +41,7 @@ def test_broker_restart_mid_run_loses_no_plan_version(
     tmp_path: Path, kafka_settings: Settings
 ) -> None:
     broker = LocalBroker(tmp_path / "broker", port=free_port_block(2), heap="384m")
-    broker.start(resolve_distribution(kafka_settings), timeout=120)
+    broker.start(resolve_distribution(LocalBrokerSettings.from_env()), timeout=120)
     # no compaction during the test: every published header stays readable
     settings = kafka_settings.with_overrides(
         bootstrap=broker.bootstrap, topic_prefix="restart.", plans_segment_ms=3_600_000
@@ -88,7 +89,7 @@ def test_broker_restart_mid_run_loses_no_plan_version(
             assert routed > 1000
             assert planner.proc.poll() is None, planner.tail()
 
-            broker.start(resolve_distribution(kafka_settings), timeout=120)
+            broker.start(resolve_distribution(LocalBrokerSettings.from_env()), timeout=120)
             produce_rates(
                 settings,
                 [{**windows[1], "newcomer": 30.0}],

@@ -54,6 +54,7 @@ from cacheroute.kafkaio import consumer_config, read_partition
 from cacheroute.localkafka import resolve_distribution
 from cacheroute.localkafka.cluster import LocalCluster
 from cacheroute.localkafka.distribution import KafkaDistribution
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.loopback import free_port, free_port_block, scrape_metrics
 from cacheroute.schemas import KeyRate, codec_for
 from cacheroute.settings import Settings
@@ -105,7 +106,9 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Co
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    distribution = resolve_distribution(Settings.from_env())  # the cached jars, fetched once
+    distribution = resolve_distribution(
+        LocalBrokerSettings.from_env()
+    )  # the cached jars, fetched once
     port = free_port_block(6)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEROUTE_")}
     env.update(

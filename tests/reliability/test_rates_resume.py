@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from cacheroute.localkafka import LocalBroker, resolve_distribution
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.loopback import free_port_block
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
@@ -29,7 +30,7 @@ WINDOW = 20_000
 
 def test_rates_resume_after_a_broker_restart(tmp_path: Path, kafka_settings: Settings) -> None:
     broker = LocalBroker(tmp_path / "broker", port=free_port_block(2), heap="384m")
-    broker.start(resolve_distribution(kafka_settings), timeout=120)
+    broker.start(resolve_distribution(LocalBrokerSettings.from_env()), timeout=120)
     settings = kafka_settings.with_overrides(bootstrap=broker.bootstrap, topic_prefix="resume.")
     try:
         ensure_topics(settings)
@@ -49,7 +50,7 @@ def test_rates_resume_after_a_broker_restart(tmp_path: Path, kafka_settings: Set
             broker.stop(timeout=60)
             time.sleep(8.0)  # the worker now sees connection errors
             assert worker.proc.poll() is None, "the worker died during the outage"
-            broker.start(resolve_distribution(kafka_settings), timeout=120)
+            broker.start(resolve_distribution(LocalBrokerSettings.from_env()), timeout=120)
             produce_batches(
                 settings,
                 second,

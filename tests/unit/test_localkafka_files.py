@@ -14,7 +14,7 @@ from cacheroute.localkafka import LocalBroker, resolve_distribution
 from cacheroute.localkafka.broker import kraft_uuid
 from cacheroute.localkafka.config import render_log4j2, render_server_properties
 from cacheroute.localkafka.distribution import extract_libs, fetch_tarball
-from cacheroute.settings import Settings
+from cacheroute.localkafka.settings import LocalBrokerSettings
 
 
 def _props(text: str) -> dict[str, str]:
@@ -87,7 +87,7 @@ def test_extract_libs_takes_only_jars(tmp_path: Path) -> None:
 def test_tarball_source_downloads_verifies_and_caches(tmp_path: Path) -> None:
     mirror = tmp_path / "mirror"
     _fake_release(mirror, "9.9.9")
-    settings = Settings.from_env(
+    settings = LocalBrokerSettings.from_env(
         {},
         home=tmp_path / "home",
         kafka_version="9.9.9",
@@ -118,10 +118,10 @@ def test_unreachable_mirror_says_what_to_do(tmp_path: Path) -> None:
 def test_kafka_home_is_used_as_is(tmp_path: Path) -> None:
     (tmp_path / "libs").mkdir()
     (tmp_path / "libs" / "kafka_2.13-4.0.0.jar").write_bytes(b"")
-    dist = resolve_distribution(Settings.from_env({"KAFKA_HOME": str(tmp_path)}))
+    dist = resolve_distribution(LocalBrokerSettings.from_env({"KAFKA_HOME": str(tmp_path)}))
     assert (dist.version, dist.source, dist.libs) == ("4.0.0", "KAFKA_HOME", tmp_path / "libs")
     with pytest.raises(CacheRouteError, match=r"no libs/kafka_2\.13"):
-        resolve_distribution(Settings.from_env({"KAFKA_HOME": str(tmp_path / "empty")}))
+        resolve_distribution(LocalBrokerSettings.from_env({"KAFKA_HOME": str(tmp_path / "empty")}))
 
 
 def test_kraft_cluster_ids_never_look_like_an_option() -> None:

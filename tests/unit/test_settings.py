@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from cacheroute.errors import ConfigError
+from cacheroute.localkafka.settings import LocalBrokerSettings
 from cacheroute.settings import Settings
 
 
@@ -19,7 +21,11 @@ def test_defaults_without_environment() -> None:
         "plans": "plans",
         "dead_letter": "dead-letter",
     }
-    assert s.kafka_home is None
+    # the connection only: the local broker's jars, version and heap are not a client's business
+    names = {f.name for f in dataclasses.fields(s)}
+    assert names.isdisjoint({f.name for f in dataclasses.fields(LocalBrokerSettings)} - {"home"})
+    local = LocalBrokerSettings.from_env({})
+    assert (local.kafka_home, local.kafka_version, local.kafka_source) == (None, "4.1.1", "auto")
 
 
 def test_environment_then_overrides() -> None:
@@ -37,7 +43,9 @@ def test_environment_then_overrides() -> None:
     assert s.requests_partitions == 3
     assert s.plans_min_cleanable_dirty_ratio == 0.5
     assert s.home == Path("/srv/cacheroute")
-    assert s.kafka_home == Path("/opt/kafka")
+    local = LocalBrokerSettings.from_env(env, kafka_version="4.0.0", kafka_heap=None)
+    assert (local.home, local.kafka_home) == (Path("/srv/cacheroute"), Path("/opt/kafka"))
+    assert (local.kafka_version, local.kafka_heap) == ("4.0.0", "512m")  # flag; None: not given
     assert s.topics["plans"] == "t2.plans"
     assert s.host_port == ("127.0.0.1", 19092)
 
@@ -48,7 +56,6 @@ def test_environment_then_overrides() -> None:
         ({"CACHEROUTE_REQUESTS_PARTITIONS": "many"}, "CACHEROUTE_REQUESTS_PARTITIONS='many'"),
         ({"CACHEROUTE_REQUESTS_PARTITIONS": "0"}, "must be positive"),
         ({"CACHEROUTE_BOOTSTRAP": "localhost"}, "is not host:port"),
-        ({"CACHEROUTE_KAFKA_SOURCE": "ftp"}, "auto, maven or tarball"),
         ({"CACHEROUTE_PLANS_MIN_CLEANABLE_DIRTY_RATIO": "2"}, r"must be in \(0, 1\]"),
     ],
 )
@@ -59,7 +66,11 @@ def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None
 
 def test_with_overrides_validates() -> None:
     s = Settings.from_env({})
-    assert s.with_overrides(kafka_version=None) is s
-    assert s.with_overrides(kafka_version="4.0.0").kafka_version == "4.0.0"
+    assert s.with_overrides(topic_prefix=None) is s
+    assert s.with_overrides(topic_prefix="x.").topic_prefix == "x."
     with pytest.raises(ConfigError):
-        s.with_overrides(kafka_source="nope")
+        s.with_overrides(requests_partitions=0)
+    with pytest.raises(ConfigError, match="auto, maven or tarball"):
+        LocalBrokerSettings.from_env({"CACHEROUTE_KAFKA_SOURCE": "ftp"})
+    with pytest.raises(ConfigError, match="unknown local broker settings"):
+        LocalBrokerSettings.from_env({}, bootstrap="x")
