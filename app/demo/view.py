@@ -3,7 +3,7 @@
 The conductor (`cacheroute.demo.run`) writes `DemoState` from its reader threads; `render` draws
 it about twice a second under `rich.live.Live` (plan, moved rate, destinations with planned and
 observed load, gateways with routes and hit rates); `progress_line` is the same news as one line
-for runs without a terminal (`--no-live`).
+for runs without a terminal (`--headless`).
 """
 
 from __future__ import annotations
