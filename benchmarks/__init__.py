@@ -1,8 +1,7 @@
 """Benchmarks, together and outside the libraries: each prints one JSON object with its figure
 and a baseline measured in the same run (`cacheroute bench ...` runs them).
 
-`dispatcher` (routing decisions/s), `emitter` (emit() cost), `streams` (agent ingest vs a plain
-consumer), `propagation` (planner commit to applied in every gateway), `gateway` (the HTTP
-gateway in front of zero-delay engines). The planner's benchmarks are in `cacheroute.cli.bench`
-next to the churn experiment they share a workload with.
+`planner` (fast build vs the reference, scale, peak memory), `dispatcher` (routing decisions/s),
+`emitter` (emit() cost), `streams` (agent ingest vs a plain consumer), `propagation` (planner
+commit to applied in every gateway), `gateway` (the HTTP gateway in front of zero-delay engines).
 """

@@ -1,9 +1,8 @@
-"""`cacheroute bench planner|churn`: the planner's speed, memory and churn, measured offline.
+"""`cacheroute bench ...`: the command line of the benchmarks in `cacheroute.benchmarks`.
 
-Timing lives here, in the shell (the planner never reads a clock). Every ratio is measured within
-one run - fast and reference builds interleaved on the same workload - because this machine is
-shared and absolute numbers drift between runs. With --json, stdout is exactly one JSON object;
-progress goes to stderr.
+Each command parses its options, shows progress on stderr and prints the benchmark's result (with
+--json, stdout is exactly one JSON object). What is measured and how lives in the benchmark
+modules.
 """
 
 from __future__ import annotations
@@ -12,11 +11,8 @@ import gc
 import statistics
 import subprocess
 import sys
-import time
-import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -25,6 +21,16 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.benchmarks.planner import (
+    DEFAULT_WARM_SLOTS,
+    Shape,
+    build_peak_memory,
+    measure_builds,
+    params_for,
+    scale_build,
+    timed_ms,
+    workload,
+)
 from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
 from cacheroute.errors import CacheRouteError
 from cacheroute.planner import (
@@ -33,30 +39,14 @@ from cacheroute.planner import (
     PlannerError,
     PlannerParams,
     build_plan,
-    reference_build_plan,
 )
 from cacheroute.planner.experiment import run_drift_experiment
 from cacheroute.planner.plan import FloatArray
-from cacheroute.planner.workload import PAPER_KEYS, Workload, default_q_cap, paper_workload
+from cacheroute.planner.workload import PAPER_KEYS
 from cacheroute.progress import progress_bar
 from cacheroute.settings import Settings
 
 __all__ = ["bench"]
-
-_DEFAULT_WARM_SLOTS = 2048
-"""W = 2048 at R = 30 admits ~48% of the paper-like keys, ~95% of the requests: about the paper's
-93% KV hit rate. Admission then walks ~62k keys and LPT places ~61k of them."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """The benchmark's cluster and workload knobs (everything but the key count)."""
-
-    destinations: int
-    warm_slots: int
-    q_cap: float | None
-    admission: str
-    seed: int
 
 
 @click.group()
@@ -75,31 +65,10 @@ def _errors() -> Iterator[None]:
         raise CacheRouteError(str(exc)) from None
 
 
-def _workload(keys: int, seed: int) -> Workload:
-    return paper_workload(keys, np.random.default_rng(seed))
-
-
-def _params(
-    workload: Workload, q_cap: float | None, warm_slots: int, admission: str, **extra: Any
-) -> PlannerParams:
-    return PlannerParams(
-        q_cap=q_cap if q_cap is not None else default_q_cap(float(workload.rates.sum())),
-        warm_slots=warm_slots,
-        admission="bytes" if admission == "bytes" else "rate",
-        **extra,
-    )
-
-
-def _ms(fn: Callable[[], Plan]) -> tuple[float, Plan]:
-    start = time.perf_counter()
-    result = fn()
-    return (time.perf_counter() - start) * 1e3, result
-
-
 _workload_options = [
     click.option("--keys", default=PAPER_KEYS, show_default=True, type=click.IntRange(min=1)),
     click.option("--destinations", default=30, show_default=True, type=click.IntRange(min=1)),
-    warm_slots_option(default=_DEFAULT_WARM_SLOTS),
+    warm_slots_option(default=DEFAULT_WARM_SLOTS),
     q_cap_option("[default: 0.15% of the total rate: whales get k=2]"),
     click.option("--admission", type=click.Choice(["rate", "bytes"]), default="rate"),
     click.option("--seed", default=0, show_default=True, help="Workload seed."),
@@ -158,11 +127,11 @@ def planner_bench(
     del settings
     console = Console(stderr=True)
     dests = [f"d{i}" for i in range(destinations)]
-    shape = _Shape(destinations, warm_slots, q_cap, admission, seed)
+    shape = Shape(destinations, warm_slots, q_cap, admission, seed)
     with _errors(), progress_bar(console) as progress:
         task = progress.add_task("workload", total=None)
-        result = _measure(
-            _workload(keys, seed),
+        result = measure_builds(
+            workload(keys, seed),
             dests,
             q_cap=q_cap,
             warm_slots=warm_slots,
@@ -179,7 +148,7 @@ def planner_bench(
             result.update(_memory_probe(keys, shape))
         if scale:
             progress.update(task, description=f"scale: {scale_keys:,} keys", total=None)
-            result["scale"] = _scale(scale_keys, dests, shape=shape, runs=runs)
+            result["scale"] = scale_build(scale_keys, dests, shape=shape, runs=runs)
             result["scale"]["ratio"] = result["scale"]["build_ms"] / result["build_ms"]
             if memory:
                 result["scale"].update(_memory_probe(scale_keys, shape))
@@ -189,84 +158,7 @@ def planner_bench(
         _render(result, Console())
 
 
-def _measure(
-    work: Workload,
-    dests: Sequence[str],
-    *,
-    q_cap: float | None,
-    warm_slots: int,
-    admission: str,
-    runs: int,
-    reference_runs: int,
-    advance: Callable[[int | None, str], None],
-) -> dict[str, Any]:
-    """Interleaved fast and reference builds of one workload: noise hits both alike."""
-    params = _params(work, q_cap, warm_slots, admission)
-    tokens = work.prefix_tokens if admission == "bytes" else None
-    rate_list = work.rates.tolist()  # the reference's natural input: plain Python floats
-    token_list = tokens.tolist() if tokens is not None else None
-
-    def fast_build() -> Plan:
-        return build_plan(work.keys, work.rates, dests, params, prefix_tokens=tokens)
-
-    def reference_build() -> Plan:
-        return reference_build_plan(work.keys, rate_list, dests, params, prefix_tokens=token_list)
-
-    first_ms, fast = _ms(fast_build)  # includes loading (or compiling) the numba kernels
-    advance(runs + reference_runs, "builds (fast and reference, interleaved)")
-    fast_ms: list[float] = []
-    ref_ms: list[float] = []
-    ref: Plan | None = None
-    for i in range(max(runs, reference_runs)):
-        if i < runs:
-            ms, fast = _ms(fast_build)
-            fast_ms.append(ms)
-            advance(None, "builds (fast and reference, interleaved)")
-        if i < reference_runs:
-            ms, ref = _ms(reference_build)
-            ref_ms.append(ms)
-            advance(None, "builds (fast and reference, interleaved)")
-    fast.validate()
-    build_ms = statistics.median(fast_ms)
-    reference_ms = statistics.median(ref_ms) if ref_ms else None
-    return {
-        "keys": len(work.keys),
-        "destinations": len(dests),
-        "warm_slots": warm_slots,
-        "q_cap": params.q_cap,
-        "admission": admission,
-        "workload": work.stats(),
-        "admitted_keys": fast.n_admitted,
-        "slots_used": fast.slots_used,
-        "multi_replica_keys": int(np.count_nonzero(fast.replicas() > 1)),
-        "capped_keys": fast.stats.capped_keys,
-        "max_over_mean": fast.max_over_mean(),
-        "runs": runs,
-        "build_ms": build_ms,
-        "build_ms_runs": fast_ms,
-        "first_build_ms": first_ms,
-        "reference_runs": reference_runs,
-        "reference_ms": reference_ms,
-        "reference_ms_runs": ref_ms,
-        "speedup": reference_ms / build_ms if reference_ms is not None else None,
-        "identical": fast.routing_equal(ref) if ref is not None else None,
-    }
-
-
-def _scale(n: int, dests: Sequence[str], *, shape: _Shape, runs: int) -> dict[str, Any]:
-    """Median fast build time at `n` keys (same cluster, W and q_cap rule)."""
-    work = _workload(n, shape.seed)
-    params = _params(work, shape.q_cap, shape.warm_slots, shape.admission)
-    tokens = work.prefix_tokens if shape.admission == "bytes" else None
-
-    def fast_build() -> Plan:
-        return build_plan(work.keys, work.rates, dests, params, prefix_tokens=tokens)
-
-    times = [_ms(fast_build)[0] for _ in range(runs + 1)][1:]  # first run: warm caches
-    return {"keys": n, "build_ms": statistics.median(times), "build_ms_runs": times}
-
-
-def _memory_probe(keys: int, shape: _Shape) -> dict[str, Any]:
+def _memory_probe(keys: int, shape: Shape) -> dict[str, Any]:
     """Run `bench memory-probe` in a fresh interpreter, so nothing of this process is counted."""
     argv = [
         sys.executable,
@@ -295,43 +187,9 @@ def memory_probe(
     *, keys: int, destinations: int, warm_slots: int, q_cap: float | None, admission: str, seed: int
 ) -> None:
     """(internal) Peak memory of one build: tracemalloc for the build, VmHWM for the process."""
-    dests = [f"d{i}" for i in range(destinations)]
     with _errors():
-        work = _workload(keys, seed)
-        params = _params(work, q_cap, warm_slots, admission)
-        tokens = work.prefix_tokens if admission == "bytes" else None
-        build_plan(work.keys, work.rates, dests, params, prefix_tokens=tokens)  # compile/load JIT
-        gc.collect()
-        rss_before = _status_mb("VmRSS")
-        tracemalloc.start()
-        build_plan(work.keys, work.rates, dests, params, prefix_tokens=tokens)
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    click.echo(
-        orjson.dumps(
-            {
-                "peak_mb": peak / 2**20,
-                "process_rss_before_build_mb": rss_before,
-                "process_peak_rss_mb": _status_mb("VmHWM"),
-            }
-        )
-    )
-
-
-def _status_mb(field: str) -> float | None:
-    """A memory figure of this process from /proc/self/status (Linux), in MiB.
-
-    VmHWM rather than getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child
-    started by a big parent would report the parent's peak.
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+        probe = build_peak_memory(keys, Shape(destinations, warm_slots, q_cap, admission, seed))
+    click.echo(orjson.dumps(probe))
 
 
 @bench.command("churn")
@@ -379,14 +237,14 @@ def churn_bench(
         *,
         prev: Plan | None = None,
     ) -> Plan:
-        ms, built = _ms(lambda: build_plan(keys, rates, destinations, params, prev=prev))
+        ms, built = timed_ms(lambda: build_plan(keys, rates, destinations, params, prev=prev))
         timings["hysteresis" if prev is not None else "scratch"].append(ms)
         return built
 
     with _errors(), progress_bar(console) as progress:
         task = progress.add_task("workload", total=None)
-        work = _workload(keys, seed)
-        params = _params(
+        work = workload(keys, seed)
+        params = params_for(
             work, q_cap, warm_slots, admission, hysteresis=h, imbalance_tolerance=tolerance
         )
         if admission == "bytes":
