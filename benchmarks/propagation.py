@@ -36,7 +36,6 @@ The result's fields, in order and each with its meaning, are `RESULT_FIELDS`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import queue
 import signal
@@ -50,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import orjson
 from confluent_kafka import Producer
@@ -444,19 +444,31 @@ class _TimedDispatcher(Dispatcher):
         return applied
 
 
-def _child(argv: Sequence[str]) -> None:
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="(internal) One gateway of `cacheroute bench propagation`: follows the plans topic and "
+    "prints a JSON line per applied version.",
+)
+@click.option("--child", is_flag=True, required=True, help="Run as the benchmark's child.")
+@click.option("--gateway", type=int, required=True, help="This gateway's number.")
+@click.option("--bootstrap", required=True, help="Kafka bootstrap servers.")
+@click.option("--topic-prefix", required=True, help="The run's topic prefix.")
+@click.option("--destinations", type=click.IntRange(min=1), required=True)
+@click.option("--kafka-config", type=click.Path(dir_okay=False, path_type=Path))
+def _child(  # one parameter per option
+    *,
+    child: bool,
+    gateway: int,
+    bootstrap: str,
+    topic_prefix: str,
+    destinations: int,
+    kafka_config: Path | None,
+) -> None:
     """One gateway: follow the plans topic with a `_TimedDispatcher` until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m cacheroute.benchmarks.propagation")
-    parser.add_argument("--child", action="store_true", required=True)
-    parser.add_argument("--gateway", type=int, required=True)
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--topic-prefix", required=True)
-    parser.add_argument("--destinations", type=int, required=True)
-    parser.add_argument("--kafka-config", type=Path)
-    args = parser.parse_args(argv)
+    del child
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     settings = Settings.from_env(
-        bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, kafka_config=args.kafka_config
+        bootstrap=bootstrap, topic_prefix=topic_prefix, kafka_config=kafka_config
     )
     lock = threading.Lock()
 
@@ -467,9 +479,9 @@ def _child(argv: Sequence[str]) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    names = [f"d{i}" for i in range(args.destinations)]
+    names = [f"d{i}" for i in range(destinations)]
     dispatcher = _TimedDispatcher(names, out).follow(
-        settings, client_id=f"bench-propagation-{args.gateway}"
+        settings, client_id=f"bench-propagation-{gateway}"
     )
     try:
         follower = dispatcher.subscription
@@ -485,4 +497,4 @@ def _child(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1:])
+    _child.main(prog_name="python -m cacheroute.benchmarks.propagation")
