@@ -26,6 +26,7 @@ import click
 import numpy as np
 import orjson
 
+from cacheroute.demo.procs import run_child_command
 from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
 from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.dispatcher.routing import RouteKind
@@ -119,16 +120,7 @@ def command(
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (click, as every other command) and run one gateway; the exit code."""
-    try:
-        code = command.main(
-            args=argv, prog_name="python -m cacheroute.demo.gateway", standalone_mode=False
-        )
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:  # --help
-        return exc.exit_code
-    return int(code or 0)
+    return run_child_command(command, argv, "python -m cacheroute.demo.gateway")
 
 
 def run(args: GatewayArgs) -> int:  # noqa: PLR0915 - one flat replay loop

@@ -45,6 +45,7 @@ import click
 import numpy as np
 import orjson
 
+from cacheroute.demo.procs import run_child_command
 from cacheroute.dispatcher.routing import Router
 from cacheroute.logs import setup_logging
 from cacheroute.openai_api import CHARS_PER_TOKEN, COMPLETIONS_PATH
@@ -415,16 +416,7 @@ class _LoadGen:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (click, as every other command) and run the load; the exit code."""
-    try:
-        code = command.main(
-            args=argv, prog_name="python -m cacheroute.demo.httpload", standalone_mode=False
-        )
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:  # --help
-        return exc.exit_code
-    return int(code or 0)
+    return run_child_command(command, argv, "python -m cacheroute.demo.httpload")
 
 
 def run(args: LoadArgs) -> int:

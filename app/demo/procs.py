@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Child", "start_child"]
+import click
+
+__all__ = ["Child", "run_child_command", "start_child"]
 
 
 @dataclass
@@ -81,3 +83,15 @@ def start_child(
         child.reader = threading.Thread(target=pump, name=f"demo-{name}-stdout", daemon=True)
         child.reader.start()
     return child
+
+
+def run_child_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
+    """Run a child process's click command on `argv`; its exit code (usage errors: one line, 2)."""
+    try:
+        code = command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    return int(code or 0)
