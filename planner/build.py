@@ -27,11 +27,12 @@ from cacheroute.planner.admission import (
     warn_capped,
 )
 from cacheroute.planner.churn import replan
+from cacheroute.planner.homes import home_indices, keep_homes
 from cacheroute.planner.inputs import PlanInputs, prepare_inputs
 from cacheroute.planner.kernels import Kernels, compiled
 from cacheroute.planner.loads import cold_tail, exact_sums, load_bound, sizing_cap
 from cacheroute.planner.params import PlannerParams
-from cacheroute.planner.plan import Destination, FloatArray, Plan, PlanStats
+from cacheroute.planner.plan import Destination, FloatArray, IntArray, Plan, PlanStats
 from cacheroute.planner.siblings import place
 
 __all__ = ["build_plan"]
@@ -45,6 +46,7 @@ def build_plan(
     *,
     prev: Plan | None = None,
     prefix_tokens: Sequence[float] | FloatArray | None = None,
+    homes: Sequence[int] | IntArray | None = None,
     version: int | None = None,
     created_ms: int = 0,
     kernels: Kernels | None = None,
@@ -55,21 +57,32 @@ def build_plan(
     `Destination(name, capacity)`; unequal capacities make it capacity-aware, equal ones give the
     paper's Algorithm 1 exactly. prefix_tokens: reusable prefix tokens per key (needed for
     `admission="bytes"`). prev: the live plan; when given, re-plan with few moves (churn.py).
+    homes: per key, the index in `destinations` where its traffic goes now (-1: unknown); a key
+    the plan newly admits is placed there while the load bound allows (homes.py).
     version defaults to prev.version + 1 (or 1); created_ms is passed in because the planner never
     reads the clock. kernels: the compiled loops (tests pass the plain-Python ones).
     Raises PlannerError naming the key for bad input.
     """
     inp = prepare_inputs(keys, rates, destinations, params, prefix_tokens)
+    home = home_indices(homes, len(inp.keys), len(inp.destinations))
     if version is None:
         version = prev.version + 1 if prev is not None else 1
     kern = kernels if kernels is not None else compiled()
     if prev is not None:
-        return replan(inp, params, prev, version=version, created_ms=created_ms, kernels=kern)
-    return _fresh(inp, params, version, created_ms, kern)
+        return replan(
+            inp, params, prev, version=version, created_ms=created_ms, kernels=kern, homes=home
+        )
+    return _fresh(inp, params, version, created_ms, kern, homes=home)
 
 
 def _fresh(
-    inp: PlanInputs, params: PlannerParams, version: int, created_ms: int, kern: Kernels
+    inp: PlanInputs,
+    params: PlannerParams,
+    version: int,
+    created_ms: int,
+    kern: Kernels,
+    *,
+    homes: IntArray | None = None,
 ) -> Plan:
     rates = inp.rates
     r = len(inp.destinations)
@@ -99,6 +112,17 @@ def _fresh(
     kept = np.zeros(placed.size, dtype=np.int64)
     caps = np.zeros(0, dtype=np.float64) if inp.capacities is None else inp.capacities
     keys = pick(inp.keys, placed)
+    bound = load_bound(params, total, np.ones(r) if inp.capacities is None else caps)
+    if homes is not None:
+        keep_homes(
+            homes[placed],
+            shares=adm_rates / k,
+            offsets=offsets,
+            kept=kept,
+            targets=targets,
+            loads=loads,
+            bound=bound,
+        )
     place(
         kern,
         keys,
@@ -109,7 +133,7 @@ def _fresh(
         targets=targets,
         loads=loads,
         capacities=caps,
-        bound=load_bound(params, total, np.ones(r) if inp.capacities is None else caps),
+        bound=bound,
     )
     cutoff = float(priority[admitted[-1]]) if admitted.size else 0.0
     return Plan(

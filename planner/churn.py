@@ -13,7 +13,8 @@ under mild drift; every move costs a cold cache at the new home. Here, given the
 3. Shed. A destination whose kept load is above the bound `tolerance x mean` (capacity-weighted,
    mean of the *new* rates) gives up replicas: the smallest single one that covers the excess if
    there is one (fewest moves, least moved rate), else the largest and repeat.
-4. Place. New keys, the missing replicas of grown keys and the shed or displaced replicas are placed
+4. Place. A newly admitted key first goes where its traffic goes now, if it fits under the bound
+   (`homes`, homes.py). New keys, the missing replicas of grown keys and the shed or displaced replicas are placed
    by LPT (rate descending, least-loaded destination first, equal loads lower index first), or,
    with `group_separator`, by LPT that prefers their siblings' destinations (siblings.py).
 5. Rebalance. If a destination is still above the bound, move replicas from the most loaded one to
@@ -44,6 +45,7 @@ from cacheroute.planner.admission import (
     warn_capped,
 )
 from cacheroute.planner.diff import same_destination_sets
+from cacheroute.planner.homes import keep_homes
 from cacheroute.planner.inputs import PlanInputs
 from cacheroute.planner.kernels import Kernels
 from cacheroute.planner.loads import cold_tail, exact_sums, load_bound, sizing_cap
@@ -80,8 +82,10 @@ def replan(
     version: int,
     created_ms: int,
     kernels: Kernels,
+    homes: IntArray | None = None,
 ) -> Plan:
-    """The next plan from `prev` and new rates (see the module docstring)."""
+    """The next plan from `prev` and new rates (see the module docstring); `homes` as in
+    `build_plan`: newly admitted keys start where their traffic goes now (homes.py)."""
     keys, rates = inp.keys, inp.rates
     r = len(inp.destinations)
     q = sizing_cap(rates, params, r, kernels)
@@ -114,6 +118,17 @@ def replan(
 
     resized, on_removed = _keep_previous(w, prev, prev_of, prev_map)  # 2. keep
     shed = _shed(w)  # 3. shed what is above the bound, before placing anything new
+    if homes is not None:  # 4a. newly admitted keys where their traffic already goes
+        new_homes = np.where(prev_of < 0, homes[placed], -1)
+        keep_homes(
+            new_homes,
+            shares=w.shares,
+            offsets=w.offsets,
+            kept=w.kept,
+            targets=w.targets,
+            loads=w.loads,
+            bound=w.bound,
+        )
     w.free = np.arange(w.targets.size) - w.offsets[w.entry_key] >= w.kept[w.entry_key]
     lpt_caps = np.zeros(0) if inp.capacities is None else inp.capacities
     new_keys_order = pick(keys, placed)

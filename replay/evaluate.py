@@ -140,6 +140,9 @@ class EvalConfig:
     what recomputing it would cost (False: the plain bounds; an ablation)."""
     cold_load_factor: float = 1.25
     """cacheroute's cold-path bound (CHWBL's c) on this gateway's in-flight load."""
+    keep_homes: bool = False
+    """cacheroute's planner places newly admitted keys where their latest request went
+    (`PlanConfig.keep_homes`; off by default, an option)."""
     cold_affinity: bool = True
     """cacheroute's cold path: bounded-load consistent hashing (False: P2C, the paper's rule)."""
     session_hints: bool = False
@@ -349,6 +352,7 @@ class Evaluation:
                 "work_unit_tokens": cfg.work_unit_tokens,
                 "context_slack": cfg.context_slack,
                 "plan_on_work": cfg.plan_on_work,
+                "keep_homes": cfg.keep_homes,
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -441,6 +445,7 @@ class _Runner:
             cold_affinity=self.cfg.cold_affinity,
             context_slack=self.cfg.context_slack,
             plan_on_work=self.cfg.plan_on_work,
+            keep_homes=self.cfg.keep_homes,
         )
 
     def passes(self, m: RunMetrics) -> bool:

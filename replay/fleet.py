@@ -125,6 +125,8 @@ class Fleet:
         """Whether any gateway acts on first tokens (the simulator skips them otherwise)."""
         leader = self.members[0]
         self.planner: _Planned | None = leader if isinstance(leader, _Planned) else None
+        if self.planner is not None:  # the planner hears of every gateway's routes (events)
+            self.planner.routed = self.dest
         self.pending: deque[tuple[float, RoutingTable]] = deque()
         self.next_activation = math.inf
         self.gossip: list[Gossiping] = []

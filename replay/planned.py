@@ -118,6 +118,15 @@ class _Planned(Policy):
         """Plan on work (`planner.work_rates`, this many tokens a unit); None: on request counts."""
         self.plan: Plan | None = None
         self.history: list[dict[str, float]] = []
+        self.routed: list[int] = [-1] * q.n
+        """Destination of every request routed so far: what the gateways' events report to the
+        planner. A fleet hands its leader the list of all its gateways' routes."""
+        self.homes: IntArray | None = (
+            np.full(len(self.keys), -1, dtype=np.int64)
+            if cfg.keep_homes and self.extensions
+            else None
+        )
+        """Per key, the destination of its latest routed request (`build_plan(homes=...)`)."""
         if cfg.oracle:
             rates = ctx.requests.key_rates()
             active = np.flatnonzero(rates > 0)
@@ -131,6 +140,7 @@ class _Planned(Policy):
         key = self.keys[self.key_index[i]]
         session = self.sessions[i] if self.sessions is not None else None
         d = self.router.route_index(key, session)
+        self.routed[i] = d
         if self.unit_tokens is not None:  # the gateway's weight: uncached prompt + decode
             self.units[i] = self.router.work_units(key, d, self.prompts[i], session)
         self.router.acquire(d, self.units[i])
@@ -163,6 +173,10 @@ class _Planned(Policy):
         q = self.ctx.requests
         uncached = q.prompt_tokens[self.window_start : i] - q.prefix_tokens[self.window_start : i]
         new_sums = np.bincount(seen, weights=uncached, minlength=len(self.keys))
+        if self.homes is not None:  # the latest destination of each key seen in the window
+            routed = np.asarray(self.routed[self.window_start : i], dtype=np.int64)
+            last = seen.size - 1 - np.unique(seen[::-1], return_index=True)[1]
+            self.homes[seen[last]] = routed[last]
         self.window_start = i
         decay = self.ctx.plan.rate_decay
         if decay < 1.0:
@@ -176,7 +190,8 @@ class _Planned(Policy):
         active = np.flatnonzero(self.counts > 0)
         rates = self.counts[active] / max(min(span, elapsed), 1e-9)
         rates = self._weigh(rates, self.uncached_sums[active] / self.counts[active])
-        return self._build([self.keys[k] for k in active.tolist()], rates, t)
+        homes = None if self.homes is None else self.homes[active]
+        return self._build([self.keys[k] for k in active.tolist()], rates, t, homes)
 
     def _weigh(self, rates: FloatArray, mean_uncached: FloatArray) -> FloatArray:
         """The rates the planner sees: work rates (as the planner service plans) or requests/s."""
@@ -188,8 +203,10 @@ class _Planned(Policy):
         """Swap this gateway's routing table (what `Dispatcher.apply_plan` does on a new plan)."""
         self.router.table = table
 
-    def _build(self, keys: list[str], rates: FloatArray, t: float) -> RoutingTable:
-        plan = self.make_plan(keys, rates, int(t * 1000))
+    def _build(
+        self, keys: list[str], rates: FloatArray, t: float, homes: IntArray | None = None
+    ) -> RoutingTable:
+        plan = self.make_plan(keys, rates, int(t * 1000), homes)
         assignments = self.assign(plan)
         table = self.table_for(plan, assignments)
         entry = {
@@ -205,7 +222,10 @@ class _Planned(Policy):
         self.plan = plan
         return table
 
-    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+    def make_plan(
+        self, keys: list[str], rates: FloatArray, created_ms: int, homes: IntArray | None = None
+    ) -> Plan:
+        """The plan for these keys and rates; `homes` (cacheroute only): where each goes now."""
         raise NotImplementedError
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
@@ -257,7 +277,10 @@ class Affinity(_Planned):
 
     name = "affinity"
 
-    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+    def make_plan(
+        self, keys: list[str], rates: FloatArray, created_ms: int, homes: IntArray | None = None
+    ) -> Plan:
+        del homes  # the paper's placement: hashing
         params = replace(self.params, q_cap=_HUGE_Q_CAP)
         return build_plan(keys, rates, self.ctx.names, params, created_ms=created_ms)
 
@@ -271,7 +294,10 @@ class AffinityReplication(_Planned):
 
     name = "affinity+replication"
 
-    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+    def make_plan(
+        self, keys: list[str], rates: FloatArray, created_ms: int, homes: IntArray | None = None
+    ) -> Plan:
+        del homes  # the paper's placement: hashing
         return build_plan(keys, rates, self.ctx.names, self.params, created_ms=created_ms)
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
@@ -286,9 +312,17 @@ class CacheRoute(_Planned):
     name = "cacheroute"
     extensions = True
 
-    def make_plan(self, keys: list[str], rates: FloatArray, created_ms: int) -> Plan:
+    def make_plan(
+        self, keys: list[str], rates: FloatArray, created_ms: int, homes: IntArray | None = None
+    ) -> Plan:
         return build_plan(
-            keys, rates, self.ctx.names, self.params, prev=self.plan, created_ms=created_ms
+            keys,
+            rates,
+            self.ctx.names,
+            self.params,
+            prev=self.plan,
+            homes=homes,
+            created_ms=created_ms,
         )
 
     def assign(self, plan: Plan) -> list[tuple[str, tuple[int, ...]]]:

@@ -367,6 +367,14 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "recomputing it would cost.",
 )
 @click.option(
+    "--keep-homes/--no-keep-homes",
+    default=False,
+    show_default=True,
+    help="cacheroute: the planner places a newly admitted key on the destination its latest "
+    "request went to, while that stays within the load bound (measured: better at one gateway, "
+    "worse at 16; docs/EVALUATION.md).",
+)
+@click.option(
     "--plan-on-work/--plan-on-requests",
     default=True,
     show_default=True,
@@ -534,6 +542,7 @@ def _make_run(opts: EvaluateOptions, workload: str | None, trace: Path | None, f
             cold_affinity=opts.cold_affinity,
             context_slack=opts.context_slack,
             plan_on_work=opts.plan_on_work,
+            keep_homes=opts.keep_homes,
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
@@ -700,6 +709,7 @@ class EvaluateOptions:
     session_hints: bool
     context_slack: bool
     plan_on_work: bool
+    keep_homes: bool
     cluster_sizes: str | None
     cluster_load: float | None
     key_blocks: str
@@ -757,6 +767,13 @@ _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     (
         "Conversation trace in Mooncake format (block ids only, session keys, tiled)",
         "conv-trace",
+        None,
+        _CONV_TRACE,
+    ),
+    (
+        "Conversation trace in Mooncake format, default keys (first 2 blocks, with session "
+        "hints: what `evaluate --trace` does without options)",
+        "conv-trace-kb2",
         None,
         _CONV_TRACE,
     ),
@@ -849,11 +866,33 @@ _SUITE = (
         options=(("spill_factor", 0.0, "--spill-factor 0"), ("policies", "flat-lb,cacheroute", "")),
     ),
     _Case(
-        "Conversation trace in Mooncake format keyed by its first 2 blocks (the system prompt), "
-        "G = 1",
-        "conv-trace_kb2_g1",
+        "Conversation trace with session keys, G = 16, without sibling co-location (what "
+        "co-location costs there)",
+        "conv-trace_g16_no_siblings",
         trace=_CONV_TRACE,
-        options=(("key_blocks", 2, "--key-blocks 2"), ("policies", _FLEET_POLICIES, "")),
+        options=(
+            ("gateways", 16, "--gateways 16"),
+            ("key_blocks", SESSION_KEYS, "--key-blocks session"),
+            ("group_separator", "", "--group-separator ''"),
+            ("policies", "flat-lb,chwbl,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Conversation workload, G = 1, newly admitted keys placed where their traffic goes "
+        "(--keep-homes, off by default)",
+        "conversation_g1_keep_homes",
+        workload="conversation",
+        options=(("keep_homes", True, "--keep-homes"), ("policies", "flat-lb,cacheroute", "")),
+    ),
+    _Case(
+        "Mooncake arXiv trace, G = 16, with --keep-homes (why it is off by default)",
+        "mooncake_g16_keep_homes",
+        trace=_MOONCAKE,
+        options=(
+            ("gateways", 16, "--gateways 16"),
+            ("keep_homes", True, "--keep-homes"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
     ),
     _Case(
         "Conversation trace keyed by its first 2 blocks, G = 1, without session hints (what "

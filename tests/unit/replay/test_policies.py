@@ -278,3 +278,38 @@ def test_cacheroute_plans_on_uncached_work_as_the_planner_service_does() -> None
     each = float(q.key_rates()[0])  # both keys: n / 2 requests over the same span
     assert rates[False] == pytest.approx({"heavy": each, "light": each})
     assert rates[True] == pytest.approx({"heavy": 2 * each * 3 / 4, "light": 2 * each / 4})
+
+
+def test_keep_homes_plans_new_keys_where_their_traffic_went() -> None:
+    """Eight keys at equal rates on 4 destinations, routed before any plan (the cold path: each
+    key to its ring home, nothing left in flight). Every share (r) fits under the bound
+    1.05 x the mean (2 r) on a destination holding at most two homes, so with `keep_homes` the
+    first plan puts every key where its requests went; LPT alone ignores that."""
+    keys = [f"tenant-{j}" for j in range(16, 24)]  # ring homes 1 1 2 0 3 0 2 3 on d0..d3
+    n = 80
+    q = make_request_set(
+        times=[i / 8 for i in range(n)],
+        keys=keys * (n // 8),
+        prompt_tokens=[64] * n,
+        output_tokens=[4] * n,
+        prefix_tokens=[64] * n,
+        block_lists=[[i] for i in range(n)],
+        block_tokens=16,
+        source="hand",
+    )
+    targets = {}
+    for homes in (True, False):
+        p = CacheRoute(ctx_for(q, 4, q_cap=100.0, keep_homes=homes))
+        went: dict[str, int] = {}
+        for i in range(n):
+            d = p.route(i, float(q.times[i]))
+            p.release(d, i)
+            went[q.keys[q.key_index[i]]] = d
+        assert Counter(went.values()).most_common(1)[0][1] <= 2  # the premise: <= 2 homes each
+        p.tick(float(q.times[-1]), n)
+        assert p.plan is not None
+        targets[homes] = {k: ds[0] for k, ds in p.plan.assignments().items()}
+        if homes:
+            assert targets[homes] == went
+        else:
+            assert targets[homes] != went
