@@ -6,11 +6,13 @@ LPT, placing the key by load alone, may send its next request to a destination t
 it: one full recompute per newly admitted key, and on a long-context conversation workload most
 admitted keys are newly admitted ones (sessions start and end between plans).
 
-Measured in the replay (`cacheroute evaluate --keep-homes`, `--quick --seeds 3`): +5% SLO capacity
-on the conversation workload at one gateway (60.8 -> 63.8 req/s), but -2% on it at 16 gateways
-and -6% on the Mooncake arXiv trace at 16 gateways (37.6 -> 35.4). So the evaluation offers it
-as an option, off by default, and the planner service does not pass homes yet (its rate records
-would have to carry each key's latest destination).
+Measured in the replay (`cacheroute evaluate --keep-homes`): at `--quick --seeds 3` +5% SLO
+capacity on the conversation workload at one gateway (60.8 -> 63.8 req/s), but -2% on it at 16
+gateways and -6% on the Mooncake arXiv trace at 16 gateways (37.6 -> 35.4); at full size no
+change at one gateway (62.8) and -4% on Mooncake at 16 (36.7 vs 38.4). A plan packed to the bound
+around the homes balances worse, and with many gateways the plan is all the balance there is. So
+the evaluation offers it as an option, off by default, and the planner service does not pass
+homes (its rate records would have to carry each key's latest destination).
 
 `homes[i]` is the destination (index into the plan's destinations) of key i's latest request, as
 the gateways report it in their events, or -1 when unknown. Re-admitted keys keep their previous

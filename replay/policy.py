@@ -87,9 +87,10 @@ class PlanConfig:
     keep_homes: bool = False
     """cacheroute's planner places a newly admitted key on the destination its latest request
     went to, if that stays within the load bound (`build_plan(homes=...)`); False: by LPT.
-    Measured (`--quick --seeds 3`): +5% SLO capacity on the conversation workload at G = 1
-    (60.8 -> 63.8 req/s), but -2% at G = 16 (47.0 -> 46.0) and -6% on the Mooncake arXiv trace
-    at G = 16 (37.6 -> 35.4), so it is off by default."""
+    Measured: `--quick --seeds 3` +5% SLO capacity on the conversation workload at G = 1 (60.8
+    -> 63.8 req/s) but -2% at G = 16 and -6% on the Mooncake arXiv trace at G = 16 (37.6 -> 35.4);
+    at full size (docs/EVALUATION.md) no change on conversation G = 1 (62.8) and -4% on Mooncake
+    G = 16 (36.7 vs 38.4). So it is off by default."""
     cold_affinity: bool = True
     """cacheroute's dispatcher sends keys the plan does not admit by bounded-load consistent
     hashing (False: the paper's power-of-two-choices)."""
