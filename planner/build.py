@@ -113,10 +113,11 @@ def _fresh(
     caps = np.zeros(0, dtype=np.float64) if inp.capacities is None else inp.capacities
     keys = pick(inp.keys, placed)
     bound = load_bound(params, total, np.ones(r) if inp.capacities is None else caps)
+    shares = adm_rates / k
     if homes is not None:
         keep_homes(
             homes[placed],
-            shares=adm_rates / k,
+            shares=shares,
             offsets=offsets,
             kept=kept,
             targets=targets,
@@ -127,7 +128,7 @@ def _fresh(
         kern,
         keys,
         params.group_separator,
-        shares=adm_rates / k,
+        shares=shares,
         offsets=offsets,
         kept=kept,
         targets=targets,
