@@ -118,15 +118,15 @@ class _Planned(Policy):
         """Plan on work (`planner.work_rates`, this many tokens a unit); None: on request counts."""
         self.plan: Plan | None = None
         self.history: list[dict[str, float]] = []
-        self.routed: list[int] = [-1] * q.n
-        """Destination of every request routed so far: what the gateways' events report to the
-        planner. A fleet hands its leader the list of all its gateways' routes."""
         self.homes: IntArray | None = (
             np.full(len(self.keys), -1, dtype=np.int64)
             if cfg.keep_homes and self.extensions
             else None
         )
         """Per key, the destination of its latest routed request (`build_plan(homes=...)`)."""
+        self.routed: list[int] = [-1] * q.n if self.homes is not None else []
+        """Per request, where it was routed (-1: not heard of), as the gateways' events report it
+        to the planner: the fleet hands its leader the routes of all its gateways."""
         if cfg.oracle:
             rates = ctx.requests.key_rates()
             active = np.flatnonzero(rates > 0)
@@ -140,7 +140,6 @@ class _Planned(Policy):
         key = self.keys[self.key_index[i]]
         session = self.sessions[i] if self.sessions is not None else None
         d = self.router.route_index(key, session)
-        self.routed[i] = d
         if self.unit_tokens is not None:  # the gateway's weight: uncached prompt + decode
             self.units[i] = self.router.work_units(key, d, self.prompts[i], session)
         self.router.acquire(d, self.units[i])

@@ -12,6 +12,7 @@ from cacheroute.planner import Plan
 from cacheroute.replay.baselines import Chwbl, FlatLB, Sticky
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.fleet import Fleet, FleetConfig
 from cacheroute.replay.planned import (
     Affinity,
     AffinityReplication,
@@ -299,16 +300,17 @@ def test_keep_homes_plans_new_keys_where_their_traffic_went() -> None:
     )
     targets = {}
     for homes in (True, False):
-        p = CacheRoute(ctx_for(q, 4, q_cap=100.0, keep_homes=homes))
+        fleet = Fleet("cacheroute", ctx_for(q, 4, q_cap=100.0, keep_homes=homes), FleetConfig())
         went: dict[str, int] = {}
         for i in range(n):
-            d = p.route(i, float(q.times[i]))
-            p.release(d, i)
+            d = fleet.route(i, float(q.times[i]))
+            fleet.release(i)
             went[q.keys[q.key_index[i]]] = d
         assert Counter(went.values()).most_common(1)[0][1] <= 2  # the premise: <= 2 homes each
-        p.tick(float(q.times[-1]), n)
-        assert p.plan is not None
-        targets[homes] = {k: ds[0] for k, ds in p.plan.assignments().items()}
+        fleet.tick(float(q.times[-1]), n)  # the planner hears of the routes through the fleet
+        assert fleet.planner is not None
+        assert fleet.planner.plan is not None
+        targets[homes] = {k: ds[0] for k, ds in fleet.planner.plan.assignments().items()}
         if homes:
             assert targets[homes] == went
         else:
