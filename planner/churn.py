@@ -14,9 +14,10 @@ under mild drift; every move costs a cold cache at the new home. Here, given the
    mean of the *new* rates) gives up replicas: the smallest single one that covers the excess if
    there is one (fewest moves, least moved rate), else the largest and repeat.
 4. Place. A newly admitted key first goes where its traffic goes now, if it fits under the bound
-   (`homes`, homes.py). New keys, the missing replicas of grown keys and the shed or displaced replicas are placed
-   by LPT (rate descending, least-loaded destination first, equal loads lower index first), or,
-   with `group_separator`, by LPT that prefers their siblings' destinations (siblings.py).
+   (`homes`, homes.py). New keys, the missing replicas of grown keys and the shed or displaced
+   replicas are placed by LPT (rate descending, least-loaded destination first, equal loads lower
+   index first), or, with `group_separator`, by LPT that prefers their siblings' destinations
+   (siblings.py).
 5. Rebalance. If a destination is still above the bound, move replicas from the most loaded one to
    the destination with the most headroom, with the same fewest/lowest-rate rule; replicas already
    moved this round go first because moving them again costs nothing. Stops when max/mean is
