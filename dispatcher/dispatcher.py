@@ -80,6 +80,9 @@ class DispatcherConfig:
     context_slack: bool = True
     """A key may stay where its context is cached past the load bounds by what recomputing the
     context would cost (`Router.context_slack`; needs `prompt_tokens`)."""
+    spill_home: bool = False
+    """Set only when this is the cluster's one gateway: a planned key balances between its
+    planned destination and its spill home (`Router.spill_home`)."""
 
 
 class InFlight:
@@ -146,6 +149,7 @@ class Dispatcher:
             cold_choices=self.config.cold_choices,
             unit_tokens=self.config.unit_tokens,
             context_slack=self.config.context_slack,
+            spill_home=self.config.spill_home,
         )
         self.clock = clock
         self.health_check = health_check

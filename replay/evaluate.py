@@ -145,6 +145,9 @@ class EvalConfig:
     (`PlanConfig.keep_homes`; off by default, an option)."""
     cold_affinity: bool = True
     """cacheroute's cold path: bounded-load consistent hashing (False: P2C, the paper's rule)."""
+    spill_home: bool | None = None
+    """cacheroute's gateways balance a planned key between its planned destination and its spill
+    home (`Router.spill_home`); None: when there is one gateway (the only case it is for)."""
     session_hints: bool = False
     """cacheroute's gateways also know each request's conversation (`traces.session_hints`),
     for sources whose keys are coarser than conversations (block traces keyed by leading
@@ -176,6 +179,13 @@ class EvalConfig:
             raise ReplayError("spill_factor must be >= 1 (or None: never spill)")
         if self.fair_share is not None and not self.fair_share > 0.0:
             raise ReplayError("fair_share must be > 0 (or None: the paper's k_b rule)")
+
+    @property
+    def resolved_spill_home(self) -> bool:
+        """Whether cacheroute's gateways use their spill homes: as set, else at one gateway."""
+        if self.spill_home is not None:
+            return self.spill_home
+        return self.fleet.gateways == 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +363,7 @@ class Evaluation:
                 "context_slack": cfg.context_slack,
                 "plan_on_work": cfg.plan_on_work,
                 "keep_homes": cfg.keep_homes,
+                "spill_home": cfg.resolved_spill_home,
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -446,6 +457,7 @@ class _Runner:
             context_slack=self.cfg.context_slack,
             plan_on_work=self.cfg.plan_on_work,
             keep_homes=self.cfg.keep_homes,
+            spill_home=self.cfg.resolved_spill_home,
         )
 
     def passes(self, m: RunMetrics) -> bool:

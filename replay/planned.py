@@ -87,6 +87,7 @@ class _Planned(Policy):
             cold_load_factor=cfg.cold_load_factor,
             unit_tokens=cfg.work_unit_tokens or DEFAULT_UNIT_TOKENS,
             context_slack=cfg.context_slack and self.extensions,
+            spill_home=cfg.spill_home and self.extensions,
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys

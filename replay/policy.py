@@ -94,6 +94,9 @@ class PlanConfig:
     cold_affinity: bool = True
     """cacheroute's dispatcher sends keys the plan does not admit by bounded-load consistent
     hashing (False: the paper's power-of-two-choices)."""
+    spill_home: bool = False
+    """cacheroute's gateways send a planned key to the less loaded of its planned destination
+    and its spill home (`Router.spill_home`: for a gateway that sees all the traffic)."""
 
     def __post_init__(self) -> None:
         if not (self.q_cap > 0 and self.control_interval_s > 0 and self.warm_slots >= 0):

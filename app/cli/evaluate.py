@@ -375,6 +375,15 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "worse at 16; docs/EVALUATION.md).",
 )
 @click.option(
+    "--spill-home",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="cacheroute: a planned key goes to the less loaded of its planned destination and where "
+    "its gateway spilled it before (for a gateway that sees all the traffic); auto: on at one "
+    "gateway only.",
+)
+@click.option(
     "--plan-on-work/--plan-on-requests",
     default=True,
     show_default=True,
@@ -543,6 +552,7 @@ def _make_run(opts: EvaluateOptions, workload: str | None, trace: Path | None, f
             context_slack=opts.context_slack,
             plan_on_work=opts.plan_on_work,
             keep_homes=opts.keep_homes,
+            spill_home=None if opts.spill_home == "auto" else opts.spill_home == "on",
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
@@ -710,6 +720,7 @@ class EvaluateOptions:
     context_slack: bool
     plan_on_work: bool
     keep_homes: bool
+    spill_home: str
     cluster_sizes: str | None
     cluster_load: float | None
     key_blocks: str

@@ -79,6 +79,12 @@ def _config_help() -> str:
     is_flag=True,
     help="Do not follow plans or send events: route by the cold path only (tests, benchmarks).",
 )
+@click.option(
+    "--sole-gateway",
+    is_flag=True,
+    help="This is the cluster's only gateway: its in-flight counts are the backends' real loads, "
+    "so a planned key may balance between its planned backend and where it last spilled.",
+)
 @click.pass_obj
 def gateway(
     settings: Settings,
@@ -93,6 +99,7 @@ def gateway(
     connect_timeout_s: float | None,
     read_timeout_s: float | None,
     no_kafka: bool,
+    sole_gateway: bool,
 ) -> None:
     """Run an OpenAI-compatible gateway in front of the serving replicas.
 
@@ -121,6 +128,7 @@ def gateway(
         connect_timeout_s=connect_timeout_s,
         read_timeout_s=read_timeout_s,
         kafka=False if no_kafka else None,
+        sole_gateway=True if sole_gateway else None,
     )
     if config.kafka:
         # A refused login is one line now; without this the plan follower retries it until its

@@ -77,6 +77,10 @@ class GatewayConfig:
     max_connections: int = 1024
     kafka: bool = True
     """False (`--no-kafka`): no plan following and no events; the cold path only."""
+    sole_gateway: bool = False
+    """True (`--sole-gateway`): this is the cluster's only gateway, so its in-flight counts are the
+    backends' real loads and a planned key may balance between its planned backend and where it
+    last spilled (`Router.spill_home`). Leave it off behind a load balancer of several."""
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -109,6 +113,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "read_timeout_s": (int, float),
     "max_connections": int,
     "kafka": bool,
+    "sole_gateway": bool,
 }
 
 CONFIG_KEYS: dict[str, str] = {
@@ -123,6 +128,7 @@ CONFIG_KEYS: dict[str, str] = {
     "read_timeout_s": "longest silence of a backend while it answers [600]",
     "max_connections": "pooled connections to all backends [1024]",
     "kafka": "false: no plan following and no events [true]",
+    "sole_gateway": "true: the cluster's only gateway (planned keys may use a spill home) [false]",
     "[[backends]]": "name, url, and optional api_key, api_key_env, health_path, verify_tls, "
     "ca_file",
 }

@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
 from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.gateway.config import GatewayConfig
 from cacheroute.gateway.health import BackendHealth
@@ -40,7 +40,10 @@ class Gateway:
     def __init__(self, config: GatewayConfig, settings: Settings) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.dispatcher = Dispatcher([b.name for b in config.backends])
+        self.dispatcher = Dispatcher(
+            [b.name for b in config.backends],
+            DispatcherConfig(spill_home=config.sole_gateway),
+        )
         self.emitter: Emitter | None = None
         try:
             if config.kafka:

@@ -354,3 +354,50 @@ def test_route_never_raises_whatever_the_key(key: object) -> None:
     r.route({"k": 1})  # type: ignore[arg-type]
     assert r.route("solo") == "d1"
     assert r.counts[RouteKind.PLAN] == 1
+
+
+def test_spill_home_takes_a_spilled_key_to_the_less_loaded_of_its_two_homes() -> None:
+    r = Router(NAMES, rng=random.Random(1), spill_min_inflight=4, spill_home=True)
+    r.table = build_table(1, 0, [("solo", ["d1"]), ("other", ["d3"])], NAMES, NAMES)
+    # Never spilled: the plan's destination, however the others are loaded.
+    r.acquire(0, 5)
+    assert r.route("solo") == "d1"
+    r.release(0, 5)
+    assert r.counts[RouteKind.SPILL_HOME] == 0
+    # 4 on d1 of 4 in flight: past both spill bounds -> the ring's first destination other
+    # than d1 (the ring bound ceil(1.25 x 5 / 4) = 2 excludes d1): the key's spill home.
+    for _ in range(4):
+        r.acquire(1)
+    home = next(d for d in _ring_order("solo", NAMES) if d != "d1")
+    assert r.route("solo") == home
+    assert r.counts[RouteKind.SPILLED] == 1
+    h = r.index[home]
+    # Now d1 (4) against the home (0): the home, counted as spill_home, not as a spill.
+    assert r.route("solo") == home
+    assert (r.counts[RouteKind.SPILL_HOME], r.counts[RouteKind.SPILLED]) == (1, 1)
+    # The home at 5 against d1's 4: back to the plan's destination (it is below the spill
+    # bound: 4 x 4 < 2 x (9 + 1)).
+    for _ in range(5):
+        r.acquire(h)
+    assert r.route("solo") == "d1"
+    assert r.counts[RouteKind.PLAN] == 2
+    # A key that never spilled has no home: "other" stays on d3 while d3 is busier.
+    r.acquire(3, 3)
+    assert r.route("other") == "d3"
+    # Context slack counts on both sides: the key's last 2048-token prompt went to d1, so d1
+    # weighs 4 - 2048 // 512 = 0 against the home's 5 - 0.
+    r.work_units("solo", 1, 2048)
+    assert r.route("solo") == "d1"
+    r.work_units("solo", h, 4096)  # now its context (8 units of slack) is at the home
+    assert r.route("solo") == home
+
+
+def test_without_spill_home_a_spilled_key_returns_to_its_plan() -> None:
+    r = Router(NAMES, rng=random.Random(1), spill_min_inflight=4)
+    r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
+    for _ in range(4):
+        r.acquire(1)
+    assert r.route("solo") != "d1"  # spilled
+    assert r.route("solo") != "d1"  # still past both bounds: spilled again, never a home
+    assert r.counts[RouteKind.SPILL_HOME] == 0
+    assert r.counts[RouteKind.SPILLED] == 2

@@ -103,3 +103,20 @@ def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
     path.write_text("port = = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_file(path)
+
+
+def test_sole_gateway_turns_on_the_dispatchers_spill_home() -> None:
+    from cacheroute.gateway.server import Gateway  # noqa: PLC0415 - aiohttp
+    from cacheroute.settings import Settings  # noqa: PLC0415
+
+    plain = build_config(None, backends=["d0=http://127.0.0.1:1"], kafka=False)
+    sole = build_config({"sole_gateway": True}, backends=["d0=http://127.0.0.1:1"], kafka=False)
+    assert (plain.sole_gateway, sole.sole_gateway) == (False, True)
+    with pytest.raises(ConfigError, match="sole_gateway"):
+        build_config({"sole_gateway": "yes"}, backends=["d0=http://127.0.0.1:1"])
+    for config, expected in ((plain, False), (sole, True)):
+        gw = Gateway(config, Settings())
+        try:
+            assert gw.dispatcher.router.spill_home is expected
+        finally:
+            gw.close()
