@@ -142,6 +142,9 @@ class RatesSnapshot:
     """Windows folded so far."""
     newest_end_ms: int
     """End of the newest folded window (0 when none)."""
+    cached_tokens: FloatArray | None = None
+    """(n_keys,) mean prompt tokens per request the engines served from their prefix caches
+    (last known, as the gateways read them from each answer's usage); None: not tracked."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -174,8 +177,9 @@ class _Window:
     end: int
     first_ms: int
     last_ms: int
-    records: dict[str, tuple[float, int, int, int]] = field(default_factory=dict)
-    """key -> (rate, count, prefix_tokens_sum, prompt_tokens_sum) of the latest record."""
+    records: dict[str, tuple[float, int, int, int, int]] = field(default_factory=dict)
+    """key -> (rate, count, prefix_tokens_sum, prompt_tokens_sum, cached_tokens_sum) of the
+    latest record."""
 
 
 class RateSmoother:
@@ -197,6 +201,7 @@ class RateSmoother:
         self._idle: IntArray = np.zeros(0, dtype=np.int64)
         self._tokens: FloatArray = np.zeros(0, dtype=np.float64)
         self._prompts: FloatArray = np.zeros(0, dtype=np.float64)
+        self._cached: FloatArray = np.zeros(0, dtype=np.float64)
         self.rejections: dict[Rejection, int] = {"malformed": 0, "future": 0, "implausible": 0}
         """Invalid records so far, per reason."""
         self.last_rejection: dict[Rejection, str] = {}
@@ -257,6 +262,7 @@ class RateSmoother:
             rate.count,
             rate.prefix_tokens_sum,
             rate.prompt_tokens_sum,
+            rate.cached_tokens_sum,
         )
         return "replaced" if replaced else "accepted"
 
@@ -274,6 +280,7 @@ class RateSmoother:
             or rate.count < 0
             or rate.prefix_tokens_sum < 0
             or rate.prompt_tokens_sum < 0
+            or rate.cached_tokens_sum < 0
             or rate.window_end_ms <= rate.window_start_ms
             or not 0 <= partition < self._partitions
         ):
@@ -294,12 +301,12 @@ class RateSmoother:
                     f"rate {rate.rate:.3g}/s or count {rate.count} in {width_s:g} s is above "
                     f"the ceiling of {p.max_key_rate:g} requests/s"
                 )
-            elif max(rate.prompt_tokens_sum, rate.prefix_tokens_sum) > p.max_prompt_tokens * max(
-                rate.count, 1
-            ):
+            elif (
+                most := max(rate.prompt_tokens_sum, rate.prefix_tokens_sum, rate.cached_tokens_sum)
+            ) > p.max_prompt_tokens * max(rate.count, 1):
                 reason = "implausible"
                 detail = (
-                    f"{max(rate.prompt_tokens_sum, rate.prefix_tokens_sum)} prompt tokens in "
+                    f"{most} prompt tokens in "
                     f"{rate.count} requests is above the ceiling of {p.max_prompt_tokens} a request"
                 )
         if reason is None:
@@ -345,6 +352,7 @@ class RateSmoother:
         idle = np.concatenate([self._idle, np.zeros(grow, np.int64)]) if grow else self._idle
         tokens = np.concatenate([self._tokens, np.zeros(grow)]) if grow else self._tokens
         prompts = np.concatenate([self._prompts, np.zeros(grow)]) if grow else self._prompts
+        cached = np.concatenate([self._cached, np.zeros(grow)]) if grow else self._cached
         idx = np.fromiter(
             map(self._index.__getitem__, window.records), np.int64, len(window.records)
         )
@@ -363,7 +371,10 @@ class RateSmoother:
         tokens[idx[has]] = sums[has] / counts[has]
         prompt_sums = np.fromiter((v[3] for v in values), np.float64, len(values))
         prompts[idx[has]] = prompt_sums[has] / counts[has]
+        cached_sums = np.fromiter((v[4] for v in values), np.float64, len(values))
+        cached[idx[has]] = cached_sums[has] / counts[has]
         self._smoothed, self._idle, self._tokens, self._prompts = smoothed, idle, tokens, prompts
+        self._cached = cached
         self._last_folded = window.start
         self._folded += 1
         self._newest_end = max(self._newest_end, window.end)
@@ -429,6 +440,7 @@ class RateSmoother:
         self._idle = self._idle[keep]
         self._tokens = self._tokens[keep]
         self._prompts = self._prompts[keep]
+        self._cached = self._cached[keep]
 
     # ----------------------------------------------------------------------------- output
     def snapshot(self) -> RatesSnapshot:
@@ -440,6 +452,7 @@ class RateSmoother:
             prompt_tokens=self._prompts.copy(),
             windows=self._folded,
             newest_end_ms=self._newest_end,
+            cached_tokens=self._cached.copy(),
         )
 
 

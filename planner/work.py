@@ -85,8 +85,22 @@ def work_rates(rates: FloatArray, uncached: FloatArray, unit_tokens: int) -> Flo
 
 def planning_rates(snapshot: RatesSnapshot, unit_tokens: int | None) -> FloatArray:
     """The rates the planner service plans on: work rates from the smoothed snapshot, or (None)
-    its request rates. Keys whose records carry no token sums (older gateways) cost 1 each."""
+    its request rates. Keys whose records carry no token sums (older gateways) cost 1 each.
+
+    A key's uncached tokens are its prompt less what the engines *reported* serving from cache
+    when they report it (any key with cached tokens > 0: vLLM and SGLang return them in every
+    answer's usage, so a key with none there really was computed in full), else less its
+    declared reusable prefix. The reported figure is the work the key brings where it runs now:
+    a long conversation whose history falls out of the cache, or a key whose prefix is warm on
+    none of its replicas, costs what the engines measured, not what an ideal cache would save.
+    (In the evaluator, on the long-context conversation trace keyed per conversation at 16
+    gateways: 21.8 -> 27.4 req/s of SLO capacity, and the whale workload's prefill max/mean at
+    one gateway 1.35 -> 1.20; docs/EVALUATION.md.)
+    """
     if unit_tokens is None:
         return snapshot.rates
-    uncached = uncached_tokens(snapshot.prompt_tokens, snapshot.prefix_tokens)
+    cached = snapshot.cached_tokens
+    reported = cached is not None and bool((cached > 0).any())
+    saved = cached if reported and cached is not None else snapshot.prefix_tokens
+    uncached = uncached_tokens(snapshot.prompt_tokens, saved)
     return work_rates(snapshot.rates, uncached, unit_tokens)

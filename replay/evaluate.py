@@ -148,6 +148,9 @@ class EvalConfig:
     spill_home: bool | None = None
     """cacheroute's gateways balance a planned key between its planned destination and its spill
     home (`Router.spill_home`); None: when there is one gateway (the only case it is for)."""
+    reported_cost: bool = True
+    """cacheroute's planner weighs keys by the uncached tokens the engines reported for their
+    finished requests (`PlanConfig.reported_cost`); False: by the declared reusable prefix."""
     session_hints: bool = False
     """cacheroute's gateways also know each request's conversation (`traces.session_hints`),
     for sources whose keys are coarser than conversations (block traces keyed by leading
@@ -364,6 +367,7 @@ class Evaluation:
                 "plan_on_work": cfg.plan_on_work,
                 "keep_homes": cfg.keep_homes,
                 "spill_home": cfg.resolved_spill_home,
+                "plan_cost": "reported" if cfg.reported_cost else "declared",
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -458,6 +462,7 @@ class _Runner:
             plan_on_work=self.cfg.plan_on_work,
             keep_homes=self.cfg.keep_homes,
             spill_home=self.cfg.resolved_spill_home,
+            reported_cost=self.cfg.reported_cost,
         )
 
     def passes(self, m: RunMetrics) -> bool:

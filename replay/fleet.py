@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -127,6 +128,8 @@ class Fleet:
         self.planner: _Planned | None = leader if isinstance(leader, _Planned) else None
         if self.planner is not None:  # the planner hears of every gateway's routes (events)
             self.planner.routed = self.dest
+        self._finished: Callable[[int], None] | None = None
+        """Appends a finished request to the planner's usage reports (`report_usage`)."""
         self.pending: deque[tuple[float, RoutingTable]] = deque()
         self.next_activation = math.inf
         self.gossip: list[Gossiping] = []
@@ -153,8 +156,21 @@ class Fleet:
         return d
 
     def release(self, i: int) -> None:
-        """Request i finished: only the gateway that sent it learns of it."""
+        """Request i finished: only the gateway that sent it learns of it (and the planner, from
+        its event, the cached tokens the engine reported)."""
         self._release[self.gateway_of[i]](self.dest[i], i)
+        if self._finished is not None:
+            self._finished(i)
+
+    def report_usage(self, cached: IntArray) -> None:
+        """Per request, the prompt tokens the engine served from cache (final once it has
+        finished): the usage a gateway reads from each answer and puts in its event. The
+        planner of a policy that plans on reported costs (`PlanConfig.reported_cost`) reads
+        the finished requests' figures at each re-plan."""
+        planner = self.planner
+        if planner is not None and planner.reported_cost:
+            planner.cached_view = cached
+            self._finished = planner.finished.append
 
     def first_token(self, i: int) -> None:
         """Request i's first token streamed back: only the gateway that sent it sees it."""

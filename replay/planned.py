@@ -117,6 +117,15 @@ class _Planned(Policy):
             else None
         )
         """Plan on work (`planner.work_rates`, this many tokens a unit); None: on request counts."""
+        self.reported_cost = cfg.reported_cost and self.plan_unit is not None
+        """Weigh keys by the uncached tokens the engines reported (`report_usage`)."""
+        self.cached_view: IntArray | None = None
+        """Per request, the prompt tokens its replica served from cache (the engine's usage
+        report; final once the request has finished). Set by the fleet."""
+        self.finished: list[int] = []
+        """Requests finished since the last plan (their usage reached the planner)."""
+        self.reported_counts: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
+        self.reported_sums: FloatArray = np.zeros(len(self.keys), dtype=np.float64)
         self.plan: Plan | None = None
         self.history: list[dict[str, float]] = []
         self.homes: IntArray | None = (
@@ -178,20 +187,46 @@ class _Planned(Policy):
             last = seen.size - 1 - np.unique(seen[::-1], return_index=True)[1]
             self.homes[seen[last]] = routed[last]
         self.window_start = i
+        rep_n, rep_sums = self._reported()
         decay = self.ctx.plan.rate_decay
         if decay < 1.0:
             self.counts = self.counts * decay + new
             self.uncached_sums = self.uncached_sums * decay + new_sums
+            self.reported_counts = self.reported_counts * decay + rep_n
+            self.reported_sums = self.reported_sums * decay + rep_sums
         else:
             self.counts = self.counts + new
             self.uncached_sums = self.uncached_sums + new_sums
+            self.reported_counts = self.reported_counts + rep_n
+            self.reported_sums = self.reported_sums + rep_sums
         elapsed = t - float(self.ctx.requests.times[0])
         span = elapsed if decay >= 1.0 else self.ctx.plan.control_interval_s / (1.0 - decay)
         active = np.flatnonzero(self.counts > 0)
         rates = self.counts[active] / max(min(span, elapsed), 1e-9)
-        rates = self._weigh(rates, self.uncached_sums[active] / self.counts[active])
+        declared = self.uncached_sums[active] / self.counts[active]
+        n_rep = self.reported_counts[active]
+        # the engines' figure where a key has finished requests, else its declared prefix
+        mean_uncached: FloatArray = np.where(
+            n_rep > 0, self.reported_sums[active] / np.maximum(n_rep, 1e-300), declared
+        ).astype(np.float64)
+        rates = self._weigh(rates, mean_uncached)
         homes = None if self.homes is None else self.homes[active]
         return self._build([self.keys[k] for k in active.tolist()], rates, t, homes)
+
+    def _reported(self) -> tuple[FloatArray, FloatArray]:
+        """Per key, the finished requests since the last plan and their uncached tokens as the
+        engines reported them (zeros without `reported_cost` or usage reports)."""
+        n = len(self.keys)
+        if not self.finished or self.cached_view is None or not self.reported_cost:
+            return np.zeros(n), np.zeros(n)
+        idx = np.asarray(self.finished, dtype=np.int64)
+        self.finished.clear()
+        q = self.ctx.requests
+        keys = self.all_key_index[idx]
+        uncached = (q.prompt_tokens[idx] - self.cached_view[idx]).astype(np.float64)
+        counts: FloatArray = np.bincount(keys, minlength=n).astype(np.float64)
+        sums: FloatArray = np.bincount(keys, weights=uncached, minlength=n).astype(np.float64)
+        return counts, sums
 
     def _weigh(self, rates: FloatArray, mean_uncached: FloatArray) -> FloatArray:
         """The rates the planner sees: work rates (as the planner service plans) or requests/s."""

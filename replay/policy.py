@@ -97,6 +97,10 @@ class PlanConfig:
     spill_home: bool = False
     """cacheroute's gateways send a planned key to the less loaded of its planned destination
     and its spill home (`Router.spill_home`: for a gateway that sees all the traffic)."""
+    reported_cost: bool = True
+    """cacheroute's planner weighs a key by the uncached tokens the engines reported for its
+    finished requests, as the planner service does from the gateways' usage reports
+    (`planner.work.planning_rates`); False: by its declared reusable prefix."""
 
     def __post_init__(self) -> None:
         if not (self.q_cap > 0 and self.control_interval_s > 0 and self.warm_slots >= 0):

@@ -82,6 +82,7 @@ def simulate(
         raise ReplayError("the policy context describes another replay or cluster")
     pol = Fleet(policy, ctx, fleet or FleetConfig())
     engine = Engine.create(requests, config.service, config.destinations)
+    pol.report_usage(engine.out_i[:, 1])  # what each answer's usage says: its cached tokens
     times: list[float] = requests.times.tolist()
     n = len(times)
     interval = plan.control_interval_s

@@ -384,6 +384,15 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "gateway only.",
 )
 @click.option(
+    "--plan-cost",
+    type=click.Choice(["reported", "declared"]),
+    default="reported",
+    show_default=True,
+    help="cacheroute: the planner weighs a key's work by the uncached tokens the engines "
+    "reported for its finished requests (as the planner service does from usage), or by the "
+    "prompt less its declared reusable prefix.",
+)
+@click.option(
     "--plan-on-work/--plan-on-requests",
     default=True,
     show_default=True,
@@ -553,6 +562,7 @@ def _make_run(opts: EvaluateOptions, workload: str | None, trace: Path | None, f
             plan_on_work=opts.plan_on_work,
             keep_homes=opts.keep_homes,
             spill_home=None if opts.spill_home == "auto" else opts.spill_home == "on",
+            reported_cost=opts.plan_cost == "reported",
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
@@ -721,6 +731,7 @@ class EvaluateOptions:
     plan_on_work: bool
     keep_homes: bool
     spill_home: str
+    plan_cost: str
     cluster_sizes: str | None
     cluster_load: float | None
     key_blocks: str

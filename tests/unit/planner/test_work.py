@@ -69,3 +69,39 @@ def test_planning_rates_from_the_smoothed_token_sums() -> None:
     # work 2 + 1 + 1 = 4 over 3 req/s: a = 2 * 3/4, b = c = 3/4
     assert planning_rates(snap, 512).tolist() == [1.5, 0.75, 0.75]
     assert planning_rates(snap, None).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_planning_rates_use_the_engines_cached_tokens_when_they_report_them() -> None:
+    sm = RateSmoother(SmoothingParams(alpha=1.0), partitions=1)
+    # a: declares 5,120 reusable of 5,120 but the engines served only 2,560 from cache: 256
+    #    uncached each, cost 1.5; b: nothing reported cached -> all 512 uncached, cost 2
+    # (its declared prefix no longer counts once engines report); c: no token sums, cost 1.
+    sm.add(
+        KeyRate(
+            "a",
+            0,
+            60_000,
+            10,
+            1.0,
+            prompt_tokens_sum=5_120,
+            prefix_tokens_sum=5_120,
+            cached_tokens_sum=2_560,
+        ),
+        0,
+        0,
+    )
+    sm.add(KeyRate("b", 0, 60_000, 10, 1.0, prompt_tokens_sum=5_120, prefix_tokens_sum=5_120), 0, 0)
+    sm.add(KeyRate("c", 0, 60_000, 10, 1.0), 0, 0)
+    sm.advance(10_000)
+    snap = sm.snapshot()
+    assert snap.cached_tokens is not None
+    assert snap.cached_tokens.tolist() == [256.0, 0.0, 0.0]
+    # work 1.5 + 2 + 1 = 4.5 over 3 req/s: a = 1.5 * 3 / 4.5 = 1, b = 2 * 3 / 4.5, c = 3 / 4.5
+    assert planning_rates(snap, 512).tolist() == pytest.approx([1.0, 4 / 3, 2 / 3])
+
+
+def test_negative_cached_tokens_are_malformed() -> None:
+    sm = RateSmoother(SmoothingParams(alpha=1.0), partitions=1)
+    bad = KeyRate("a", 0, 60_000, 10, 1.0, prompt_tokens_sum=100, cached_tokens_sum=-1)
+    assert sm.add(bad, 0, 0) == "invalid"
+    assert sm.rejections["malformed"] == 1

@@ -52,6 +52,8 @@ def test_one_gateway_routes_exactly_as_the_policy_alone(workload_factory: Worklo
     ctx = PolicyContext(requests=q, destinations=6, seed=0, service=sim.service, plan=plan)
     pol = make_policy("cacheroute", ctx)
     eng = Engine.create(q, sim.service, 6)
+    assert isinstance(pol, CacheRoute)
+    pol.cached_view = eng.out_i[:, 1]  # the engines' usage reports reach the planner
     times = q.times.tolist()
     next_tick = times[0] + plan.control_interval_s
     dest = []
@@ -66,6 +68,7 @@ def test_one_gateway_routes_exactly_as_the_policy_alone(workload_factory: Worklo
             pol.first_token(dest[c], c)
         for c in eng.comp[:done].tolist():
             pol.release(dest[c], c)
+            pol.finished.append(c)  # ...with each finished request's event
     assert fleet.dest.tolist() == dest
 
 

@@ -340,3 +340,39 @@ def test_spill_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
     assert CacheRoute(ctx).router.spill_home is True
     assert PaperLPT(ctx).router.spill_home is False
     assert CacheRoute(ctx_for(q)).router.spill_home is False
+
+
+def test_cacheroute_plans_on_the_uncached_tokens_the_engines_reported() -> None:
+    """Keys a and b: 10 requests each of 5,120 prompt tokens, all declared reusable, so by the
+    declaration both cost 1 unit (the decode). The engines report a's prompts computed in full
+    (1 + 5120 / 512 = 11 units) and b's served from cache (1 unit): planned on the reports, a
+    weighs 11x b; on the declaration, the same; before any request finished, the declaration."""
+    n = 20
+    q = make_request_set(
+        times=[float(i) for i in range(n)],
+        keys=["a", "b"] * (n // 2),
+        prompt_tokens=[5120] * n,
+        output_tokens=[4] * n,
+        prefix_tokens=[5120] * n,
+        block_lists=[[i] for i in range(n)],
+        block_tokens=16,
+        source="hand",
+    )
+    cached = np.array([0, 5120] * (n // 2), dtype=np.int64)
+
+    def planned_rates(reported: bool, finished: bool) -> dict[str, float]:
+        pol = CacheRoute(ctx_for(q, q_cap=100.0, reported_cost=reported))
+        pol.cached_view = cached
+        if finished:
+            pol.finished.extend(range(n))
+        pol.build(float(n), n)
+        assert pol.plan is not None
+        return dict(zip(pol.plan.keys, pol.plan.rates.tolist(), strict=True))
+
+    rates = planned_rates(reported=True, finished=True)
+    assert rates["a"] / rates["b"] == pytest.approx(11.0)
+    assert rates["a"] + rates["b"] == pytest.approx(1.0)  # 20 requests in the 20 s since the first
+    declared = planned_rates(reported=False, finished=True)
+    assert declared["a"] == pytest.approx(declared["b"])
+    early = planned_rates(reported=True, finished=False)
+    assert early["a"] == pytest.approx(early["b"])
