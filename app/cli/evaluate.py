@@ -927,6 +927,37 @@ _SUITE = (
             ("policies", "flat-lb,cacheroute", ""),
         ),
     ),
+    _Case(
+        "Conversation trace with default keys, G = 1, without spill homes (what they buy at one "
+        "gateway)",
+        "conv-trace_kb2_g1_no_spill_home",
+        trace=_CONV_TRACE,
+        options=(
+            ("spill_home", "off", "--spill-home off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Conversation trace with session keys, G = 16, planned on declared prefixes instead of "
+        "the engines' reported cached tokens (what reported costs buy)",
+        "conv-trace_g16_declared_cost",
+        trace=_CONV_TRACE,
+        options=(
+            ("gateways", 16, "--gateways 16"),
+            ("key_blocks", SESSION_KEYS, "--key-blocks session"),
+            ("plan_cost", "declared", "--plan-cost declared"),
+            ("policies", "flat-lb,chwbl,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Whale workload planned on declared prefixes (what reported costs buy)",
+        "whale_declared_cost",
+        workload="whale",
+        options=(
+            ("plan_cost", "declared", "--plan-cost declared"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
     _Case("Low-reuse workload (the losing regime)", "low-reuse", workload="low-reuse"),
     _Case(
         "Whale workload, G = 4, baselines gossip their prefix trees every second (--sync-s 1)",
