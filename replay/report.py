@@ -232,6 +232,14 @@ def evidence_checks(whale: Evaluation | None, low: Evaluation | None) -> list[Ch
                 cr.at_reference.max_over_mean <= 1.3,
             )
         )
+        out.append(
+            Check(
+                "whale: `cacheroute` prefill max/mean <= 1.15",
+                f"{cr.at_reference.max_over_mean_prefill:.2f} at the reference load (requests "
+                f"{cr.at_reference.max_over_mean:.2f})",
+                cr.at_reference.max_over_mean_prefill <= 1.15,
+            )
+        )
         if fl:
             ratio = cr.slo_capacity_qps / fl.slo_capacity_qps if fl.slo_capacity_qps else math.inf
             out.append(
