@@ -27,7 +27,8 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   the key's context slack, counted as `spill_home`.
   The key then has a second warm replica on demand, as a prefix-matching router grows one, and
   the key's conversations stay where their history is (measured on the long-context
-  conversation trace with default keys at one gateway: 38.8 -> 42.5 req/s of SLO capacity). It
+  conversation trace with default keys at one gateway: 37.9 -> 42.5 req/s of SLO capacity,
+  docs/EVALUATION.md `conv-trace_kb2_g1_no_spill_home`). It
   relies on in-flight counts that are the destinations' real loads; with G gateways each count
   is a 1/G sample. Homes taken from every cold placement (before admission too) scattered
   conversations there (KV hit rate 0.65 -> 0.58 at 16 gateways); homes from spills alone

@@ -8,12 +8,15 @@ workload: requests at max/mean 1.09, prefill at 1.33).
 The unit is the one the gateways' `Router` already charges a request while it waits for its first
 token, `1 + uncached_tokens / unit_tokens` (a decode unit plus the prefill the cache will not
 save), so the plan and the dispatcher weigh load alike. A key's uncached tokens are its mean prompt
-less its mean reusable prefix (what the gateways declare in `RequestEvent.prefix_tokens`; 0 when
-they declare none, so the whole prompt counts): a planned key's replicas hold its prefix warm, and
-charging the whole prompt would over-weigh exactly the long-prefix keys the plan serves best (in the
-evaluator at full size, whole prompts lost about 5% of SLO capacity on `whale` against request
-counts; the uncached measure gained 2-7% on `whale` and the Mooncake trace and stayed within 3%
-elsewhere; docs/EVALUATION.md `whale_plan_on_requests` is the ablation).
+less what the engines reported serving from cache (`planning_rates`), or, until any engine
+reports, less its mean declared reusable prefix (`RequestEvent.prefix_tokens`; 0 when none is
+declared, so the whole prompt counts): a planned key's replicas hold its prefix warm, and
+charging the whole prompt would over-weigh exactly the long-prefix keys the plan serves best (in
+the evaluator at full size, whole prompts lost about 5% of SLO capacity on `whale` against request
+counts). Measured against request counts (docs/EVALUATION.md `whale_plan_on_requests`, the
+ablation): with declared prefixes, +2-7% on `whale` and the Mooncake trace; with reported cached
+tokens, whale at one gateway serves 373 req/s against 382 on request counts (prefill max/mean
+1.15 against 1.26).
 
 Rates are then rescaled so that their total is unchanged: a key's rate becomes its share of the
 work times the total request rate, "mean-request equivalents". `q_cap` (a key's per-replica knee,
@@ -94,8 +97,9 @@ def planning_rates(snapshot: RatesSnapshot, unit_tokens: int | None) -> FloatArr
     a long conversation whose history falls out of the cache, or a key whose prefix is warm on
     none of its replicas, costs what the engines measured, not what an ideal cache would save.
     (In the evaluator, on the long-context conversation trace keyed per conversation at 16
-    gateways: 21.8 -> 27.4 req/s of SLO capacity, and the whale workload's prefill max/mean at
-    one gateway 1.35 -> 1.20; docs/EVALUATION.md.)
+    gateways: 21.8 -> 28.0 req/s of SLO capacity, and the whale workload's prefill max/mean at
+    one gateway 1.35 -> 1.15 at the same capacity; docs/EVALUATION.md `conv-trace_g16_declared_cost`,
+    `whale_declared_cost`.)
     """
     if unit_tokens is None:
         return snapshot.rates
