@@ -94,10 +94,12 @@ def produce_rates(
     window_ms: int,
     end_ms: int,
     prompts: Mapping[str, int] | None = None,
+    cached: Mapping[str, int] | None = None,
 ) -> None:
     """KeyRate records for consecutive windows, the last one ending at `end_ms`.
 
-    `prompts`: uncached prompt tokens per request of some keys (the others carry no token sums)."""
+    `prompts`: prompt tokens per request of some keys (the others carry no token sums);
+    `cached`: tokens per request the engines reported serving from cache (default none)."""
     codec = codec_for(KeyRate)
     producer = Producer(producer_config(settings))
     topic = settings.topics["rates"]
@@ -107,7 +109,16 @@ def produce_rates(
         for key, rate in rates.items():
             count = max(1, round(rate * window_ms / 1000))
             tokens = (prompts or {}).get(key, 0) * count
-            record = KeyRate(key, start, start + window_ms, count, rate, prompt_tokens_sum=tokens)
+            hits = (cached or {}).get(key, 0) * count
+            record = KeyRate(
+                key,
+                start,
+                start + window_ms,
+                count,
+                rate,
+                prompt_tokens_sum=tokens,
+                cached_tokens_sum=hits,
+            )
             producer.produce(topic, key=key.encode(), value=codec.encode(record))
     assert producer.flush(30) == 0
 

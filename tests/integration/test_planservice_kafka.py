@@ -140,14 +140,16 @@ def test_rates_in_plan_out_end_to_end(
         # nothing new in the next interval: skipped, and counted with the reason
         planner.wait_metric("cacheroute_planner_publish_skips_total", 1, 'reason="no-new-rates"')
 
-        # a new window with a new hot key whose prompts cost 3 units (1 + 1,024 / 512 tokens):
-        # the advisor publishes version 2, planned on work
+        # a new window with a new hot key whose 1,536-token prompts the engines report 512 of as
+        # served from cache: 1,024 uncached, 3 units (1 + 1,024 / 512): the advisor publishes
+        # version 2, planned on the reported work
         produce_rates(
             topics,
             [{**windows[2], "newcomer": 30.0}],
             window_ms=WINDOW_MS,
             end_ms=now_ms + WINDOW_MS,
-            prompts={"newcomer": 1024},
+            prompts={"newcomer": 1536},
+            cached={"newcomer": 512},
         )
         live2 = follower.wait_for_version(live.version + 1, timeout=30)
         assert live2 is not None, planner.tail()
