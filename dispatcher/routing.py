@@ -24,16 +24,15 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
 - with `spill_home` (off by default; only for a gateway that routes all of the cluster's
   traffic): a single-replica planned key that this gateway has spilled before goes to the less
   loaded of its planned destination and its spill home (where the last spill went), each less
-  the key's context slack, counted as `spill_home`.
-  The key then has a second warm replica on demand, as a prefix-matching router grows one, and
-  the key's conversations stay where their history is (measured on the long-context
-  conversation trace with default keys at one gateway: 37.9 -> 42.5 req/s of SLO capacity,
-  docs/EVALUATION.md `conv-trace_kb2_g1_no_spill_home`). It
-  relies on in-flight counts that are the destinations' real loads; with G gateways each count
-  is a 1/G sample. Homes taken from every cold placement (before admission too) scattered
-  conversations there (KV hit rate 0.65 -> 0.58 at 16 gateways); homes from spills alone
-  changed nothing at 16 gateways (29.5 req/s either way: spills are rare below the floor), so
-  it stays off unless the gateway is the only one;
+  the key's context slack, counted as `spill_home`. The key then has a second warm replica on
+  demand, as a prefix-matching router grows one, and its conversations stay where their
+  history is (measured on the long-context conversation trace with default keys at one
+  gateway: 37.9 -> 42.5 req/s of SLO capacity, docs/EVALUATION.md
+  `conv-trace_kb2_g1_no_spill_home`). It relies on in-flight counts that are the destinations'
+  real loads; with G gateways each count is a 1/G sample. Homes taken from every cold placement
+  (before admission too) scattered conversations there (KV hit rate 0.65 -> 0.58 at 16
+  gateways); homes from spills alone changed nothing at 16 gateways (29.5 req/s either way:
+  spills are rare below the floor), so it stays off unless the gateway is the only one;
 - any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
   no plan yet, or a plan older than the staleness limit -> the **cold path** (`cold_affinity`, our
   extension), which gives every key a home without coordination between gateways:
