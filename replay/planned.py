@@ -189,16 +189,11 @@ class _Planned(Policy):
         self.window_start = i
         rep_n, rep_sums = self._reported()
         decay = self.ctx.plan.rate_decay
-        if decay < 1.0:
-            self.counts = self.counts * decay + new
-            self.uncached_sums = self.uncached_sums * decay + new_sums
-            self.reported_counts = self.reported_counts * decay + rep_n
-            self.reported_sums = self.reported_sums * decay + rep_sums
-        else:
-            self.counts = self.counts + new
-            self.uncached_sums = self.uncached_sums + new_sums
-            self.reported_counts = self.reported_counts + rep_n
-            self.reported_sums = self.reported_sums + rep_sums
+        keep = decay if decay < 1.0 else 1.0  # the part of the old sums that still counts
+        self.counts = self.counts * keep + new
+        self.uncached_sums = self.uncached_sums * keep + new_sums
+        self.reported_counts = self.reported_counts * keep + rep_n
+        self.reported_sums = self.reported_sums * keep + rep_sums
         elapsed = t - float(self.ctx.requests.times[0])
         span = elapsed if decay >= 1.0 else self.ctx.plan.control_interval_s / (1.0 - decay)
         active = np.flatnonzero(self.counts > 0)
