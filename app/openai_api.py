@@ -8,6 +8,7 @@ gateway must route garbage without crashing, and the engine must answer it with 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ __all__ = [
     "error_body",
     "estimate_tokens",
     "leading_text",
+    "prefix_block_hashes",
     "prompt_text",
 ]
 
@@ -82,6 +84,36 @@ def prompt_text(body: object, *, chat: bool) -> str:
                 f"{role if isinstance(role, str) else ''}: {content_text(m.get('content'))}\n"
             )
     return "".join(lines)
+
+
+_HASH_ROOT = bytes(8)
+
+
+def prefix_block_hashes(text: str, block_tokens: int) -> list[int]:
+    """Chained 64-bit hashes of the full `block_tokens`-token blocks of a prompt's text.
+
+    The identity the trace readers give blocks: hash j covers block j *and* everything before it
+    (blake2b of hash j-1 + block j's text), so two prompts share their first m hashes exactly when
+    their first m blocks are the same text, and equal hashes mean a reusable prefix. A block is
+    `block_tokens` x CHARS_PER_TOKEN characters (the gateway has not tokenized anything); a
+    partial last block is not hashed (engines never cache one). Signed, to fit Avro's long.
+    """
+    chars = block_tokens * CHARS_PER_TOKEN
+    if chars <= 0:
+        return []
+    out: list[int] = []
+    prev = _HASH_ROOT
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) != len(text):  # non-ASCII: cut by characters, as the token estimate counts them
+        for start in range(0, len(text) - chars + 1, chars):
+            block = text[start : start + chars].encode("utf-8", "surrogatepass")
+            prev = hashlib.blake2b(prev + block, digest_size=8).digest()
+            out.append(int.from_bytes(prev, "little", signed=True))
+        return out
+    for start in range(0, len(raw) - chars + 1, chars):
+        prev = hashlib.blake2b(prev + raw[start : start + chars], digest_size=8).digest()
+        out.append(int.from_bytes(prev, "little", signed=True))
+    return out
 
 
 def leading_text(body: object, *, chat: bool, limit: int) -> str:

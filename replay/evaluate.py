@@ -64,7 +64,16 @@ from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.simulator import SimConfig, simulate
 from cacheroute.replay.traces import session_hints
 
-__all__ = ["EvalConfig", "Evaluation", "PolicyReport", "Reporter", "evaluate", "find_knee"]
+__all__ = [
+    "Calibration",
+    "EvalConfig",
+    "Evaluation",
+    "PolicyReport",
+    "Reporter",
+    "calibrate",
+    "evaluate",
+    "find_knee",
+]
 
 Recommendation = Literal["deploy", "keep flat-lb"]
 DEFAULT_FACTORS = (0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.45)
@@ -791,6 +800,65 @@ def evaluate(
         sim_requests=runner.simulated,
         slo=slo,
         knee_held_out=knee_note if knee_requests is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The simulator on recorded traffic, as it was recorded: what it predicts the engines served."""
+
+    policy: str
+    destinations: int
+    gateways: int
+    requests: int
+    offered_qps: float
+    simulated_hit_rate: float
+    """Token-weighted: cached / prompt tokens over every request (no warm-up cut, as served)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the JSON report."""
+        return asdict(self)
+
+
+def calibrate(
+    requests: RequestSet,
+    config: EvalConfig,
+    *,
+    q_cap: float,
+    destinations: int,
+    gateways: int,
+    policy: str = "cacheroute",
+) -> Calibration:
+    """Simulate `requests` at their own times (no tiling, no compression) with the cluster that
+    served them (`destinations` replicas, `gateways` gateways), routed by `policy`.
+
+    Comparing its hit rate with the one the engines reported for the same requests tells how far
+    the service model (cache size, block size, eviction) is from the real replicas: the
+    simulator's calibration on this traffic.
+    """
+    sim = replace(config.sim, destinations=destinations)
+    cfg = replace(config, sim=sim, fleet=replace(config.fleet, gateways=gateways))
+    runner = _Runner(requests, cfg, _Silent(), q_cap=q_cap)
+    plan = runner.plan_config(requests)
+    ctx = PolicyContext(
+        requests=requests,
+        destinations=destinations,
+        seed=sim.seed,
+        service=sim.service,
+        plan=plan,
+        hashes=runner.hashes,
+        sessions=runner.sessions,
+    )
+    result = simulate(requests, policy, sim, plan, context=ctx, fleet=cfg.fleet)
+    prompt = requests.prompt_tokens
+    hit = float(np.minimum(result.cached, prompt).sum()) / max(1.0, float(prompt.sum()))
+    return Calibration(
+        policy=policy,
+        destinations=destinations,
+        gateways=gateways,
+        requests=requests.n,
+        offered_qps=requests.rate,
+        simulated_hit_rate=hit,
     )
 
 

@@ -6,6 +6,8 @@ tests can drive the pacing without waiting.
 * `push` feeds a RequestSet to a gateway `Emitter` (the same one gateways embed) at `speed` x real
   time (0 = as fast as possible). Event times are the replay's own times, compressed by `speed`
   and anchored at `start_ms`, so the streams agent windows them exactly as it would have live.
+* `read_recorded` reads the request records of a topic (between two event times) into a
+  `RecordedTraffic`, which `cacheroute evaluate --topic` evaluates as it would a trace file.
 * `copy_topic` copies every record of a topic - from an offset, or from the first record at or
   after a timestamp - up to its end at the time of the call into another topic: key, value,
   headers, partition and timestamp preserved, optionally paced by the records' timestamps.
@@ -29,10 +31,12 @@ from confluent_kafka import (
 
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import consumer_config, producer_config
+from cacheroute.replay.recorded import RecordedTraffic
 from cacheroute.replay.requestset import RequestSet
+from cacheroute.schemas import SchemaError, decode_any
 from cacheroute.settings import Settings
 
-__all__ = ["CopyStats", "EmitterLike", "PushStats", "copy_topic", "push"]
+__all__ = ["CopyStats", "EmitterLike", "PushStats", "copy_topic", "push", "read_recorded"]
 
 _BEHIND_S = 0.002  # sleep only when at least this far ahead of schedule
 _PROGRESS_EVERY = 1000
@@ -273,3 +277,77 @@ def copy_topic(
     finally:
         consumer.close()
     return CopyStats(job.copied, len(ranges), job.first_ts, job.last_ts)
+
+
+RECORD_SLACK_MS = 60_000
+"""`read_recorded` starts reading this long before `from_ms` by Kafka timestamp: a batch's record
+is timestamped when it is sealed, after its events, so events from `from_ms` on can only be in
+records from then on; the slack also covers a producer whose clock lags."""
+
+
+def read_recorded(
+    settings: Settings,
+    topic: str,
+    *,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+    timeout: float = 30.0,
+    on_progress: Callable[[int], None] | None = None,
+) -> RecordedTraffic:
+    """The request events of `topic` with from_ms <= event time < to_ms, up to its current end.
+
+    Every partition is read from the first record at or after `from_ms` - RECORD_SLACK_MS (by
+    Kafka timestamp; its start without `from_ms`) to its end offset at the time of the call.
+    Records that do not decode are counted (`undecodable`), never fatal: a recorded topic may
+    hold the garbage the streams agent dead-lettered.
+    """
+    out = RecordedTraffic(from_ms=from_ms, to_ms=to_ms)
+    consumer = Consumer(consumer_config(settings, group_id=f"cacheroute-read-{time.time_ns()}"))
+    try:
+        meta = consumer.list_topics(timeout=timeout)
+        if topic not in meta.topics or meta.topics[topic].error is not None:
+            raise CacheRouteError(
+                f"topic {topic} does not exist (or this principal may not describe it); "
+                "`cacheroute topics list` shows the topics"
+            )
+        partitions = sorted(meta.topics[topic].partitions)
+        ranges = _start_offsets(
+            consumer,
+            topic,
+            partitions,
+            from_offset=None,
+            from_time_ms=None if from_ms is None else max(0, from_ms - RECORD_SLACK_MS),
+            timeout=timeout,
+        )
+        remaining = dict(ranges)
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
+        deadline = time.monotonic() + timeout
+        while remaining:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if time.monotonic() > deadline:
+                    raise CacheRouteError(f"reading {topic} timed out", retriable=True)
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(err)
+            deadline = time.monotonic() + timeout
+            p, offset = msg.partition() or 0, msg.offset() or 0
+            if p not in remaining or offset >= remaining[p][1]:
+                continue
+            if offset + 1 >= remaining[p][1]:
+                del remaining[p]
+            before = len(out)
+            try:
+                record = decode_any(msg.value(), topic=topic, partition=p, offset=offset)
+            except SchemaError:
+                out.undecodable += 1
+                continue
+            out.add(record)
+            if on_progress is not None:
+                on_progress(len(out) - before)
+    finally:
+        consumer.close()
+    return out

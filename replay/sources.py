@@ -69,6 +69,10 @@ class SourceSpec:
     limit: int | None = None
     key_blocks_gains: tuple[tuple[int, float], ...] = ()
     """With `auto`, once chosen (`resolve_key_blocks`): each candidate and its predicted gain."""
+    recorded: RequestSet | None = None
+    """Requests read from a recorded topic (`replay.recorded`): evaluated as a trace is (tiled
+    to `requests`); `recorded_from` says where they came from."""
+    recorded_from: str = ""
 
     @property
     def key_blocks_chosen(self) -> int:
@@ -84,6 +88,8 @@ class SourceSpec:
         """For reports."""
         if self.workload is not None:
             return {"kind": self.workload, "keys": self.keys, "seed": self.seed, "cv": self.cv}
+        if self.recorded is not None:
+            return {"recorded": self.recorded_from, "requests_recorded": self.recorded.n}
         out: dict[str, Any] = {
             "trace": str(self.trace),
             "format": self.fmt,
@@ -116,8 +122,12 @@ def detect_format(path: Path) -> TraceFormat:
 def load_source(spec: SourceSpec) -> RequestSet:
     """Generate or read the requests; tile a trace up to `spec.requests`."""
     rng = np.random.default_rng(spec.seed)
-    if (spec.workload is None) == (spec.trace is None):
-        raise ReplayError("give exactly one of a workload kind or a trace file")
+    if (spec.workload is not None) + (spec.trace is not None) + (spec.recorded is not None) != 1:
+        raise ReplayError("give exactly one of a workload kind, a trace file or recorded requests")
+    if spec.recorded is not None:
+        base = spec.recorded
+        copies = spec.tile if spec.tile is not None else max(1, math.ceil(spec.requests / base.n))
+        return base.tiled(copies, rng) if copies > 1 else base
     if spec.workload is not None:
         cv_spec: dict[str, Any] = {}
         if not math.isclose(spec.cv, 1.0):

@@ -31,19 +31,23 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cacheroute.cli.options import json_option, q_cap_option, warm_slots_option
+from cacheroute.cli.options import json_option, q_cap_option, time_ms, warm_slots_option
+from cacheroute.errors import CacheRouteError
+from cacheroute.progress import progress_bar
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.evaluate import (
     AUTO_SLO_MULTIPLE,
     DEFAULT_SLO_MS,
     EvalConfig,
     Evaluation,
+    calibrate,
     evaluate,
 )
 from cacheroute.replay.fleet import DEALS, Deal, FleetConfig
 from cacheroute.replay.metrics import SLO_METRICS, SloMetric
 from cacheroute.replay.policies import POLICY_NAMES
 from cacheroute.replay.policy import WARM_SLOTS
+from cacheroute.replay.recorded import DEFAULT_OUTPUT_TOKENS, ServedStats
 from cacheroute.replay.report import (
     EvidenceRun,
     evidence_checks,
@@ -62,9 +66,11 @@ from cacheroute.replay.sources import (
     detect_format,
     load_source,
     resolve_key_blocks,
+    write_jsonl,
 )
 from cacheroute.replay.traces import SESSION_KEYS, TRACE_FORMATS
 from cacheroute.replay.workloads import KINDS, WorkloadKind
+from cacheroute.settings import Settings
 
 __all__ = ["evaluate_cmd"]
 
@@ -221,6 +227,30 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
 @click.option("--workload", type=click.Choice(KINDS), help="A synthetic workload.")
 @click.option(
     "--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trace file."
+)
+@click.option(
+    "--topic",
+    help="A recorded requests topic (e.g. requests, with --topic-prefix as set): evaluate the "
+    "traffic the gateways recorded, as a trace file is, and put the hit rate the engines served "
+    "next to the simulated one (gateways need --hash-blocks for prefixes). Needs the broker.",
+)
+@click.option(
+    "--from-time", help="With --topic: events at or after this time (epoch ms or ISO-8601)."
+)
+@click.option("--to-time", help="With --topic: events before this time (epoch ms or ISO-8601).")
+@click.option(
+    "--block-tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="With --topic: the block size of the gateways' --hash-blocks.",
+)
+@click.option(
+    "--output-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_OUTPUT_TOKENS,
+    show_default=True,
+    help="With --topic: output tokens of every request (gateways do not record them).",
 )
 @click.option(
     "--format",
@@ -436,14 +466,17 @@ def evaluate_cmd(**params: object) -> None:
     if opts.evidence:
         _evidence(opts, console)
         return
-    if (opts.workload is None) == (opts.trace is None):
-        raise click.UsageError("give --workload KIND or --trace FILE")
+    if (opts.workload is not None) + (opts.trace is not None) + (opts.topic is not None) != 1:
+        raise click.UsageError("give one of --workload KIND, --trace FILE or --topic NAME")
+    recorded = _recorded(opts, console) if opts.topic is not None else None
     if opts.seeds:
-        _seeds(opts, console)
+        _seeds(opts, console, recorded)
         return
-    run = _make_run(opts, opts.workload, opts.trace, opts.fmt)
+    run = _make_run(opts, opts.workload, opts.trace, opts.fmt, recorded)
     try:
         result, timing = _run(run, console)
+        if recorded is not None:
+            timing["calibration"] = _calibration(recorded, run, result.q_cap, console)
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
     data = result.to_dict() | timing
@@ -455,15 +488,20 @@ def evaluate_cmd(**params: object) -> None:
         _render(result, timing, Console())
 
 
-def _seeds(opts: EvaluateOptions, console: Console) -> None:
+def _seeds(opts: EvaluateOptions, console: Console, recorded: _Recorded | None = None) -> None:
     """Seeds 0..N-1 of the same comparison, combined (means, spread, verdicts from the means)."""
     datas: list[dict[str, Any]] = []
     wall = 0.0
+    calibration: dict[str, Any] | None = None
     for seed in range(opts.seeds or 1):
         console.print(f"seed {seed} of {opts.seeds}")
-        run = _make_run(dataclasses.replace(opts, seed=seed), opts.workload, opts.trace, opts.fmt)
+        run = _make_run(
+            dataclasses.replace(opts, seed=seed), opts.workload, opts.trace, opts.fmt, recorded
+        )
         try:
             result, timing = _run(run, console)
+            if recorded is not None and calibration is None:
+                calibration = _calibration(recorded, run, result.q_cap, console)
         except ReplayError as exc:
             raise click.ClickException(str(exc)) from None
         wall += timing["wall_s"]
@@ -472,6 +510,8 @@ def _seeds(opts: EvaluateOptions, console: Console) -> None:
             _write_outputs(result, result.to_dict() | timing, opts.out, prefix=f"seed{seed}_")
     data = combine(datas, margin=EvalConfig().margin)
     data["wall_s"] = wall
+    if calibration is not None:
+        data["calibration"] = calibration
     if opts.out is not None:
         (opts.out / "result.json").write_bytes(
             orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
@@ -504,7 +544,101 @@ def _seeds(opts: EvaluateOptions, console: Console) -> None:
     )
 
 
-def _make_run(opts: EvaluateOptions, workload: str | None, trace: Path | None, fmt: str) -> _Run:
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """A recorded topic, read: its requests, what the engines served, and where it came from."""
+
+    requests: RequestSet
+    served: ServedStats
+    origin: str
+
+
+def _recorded(opts: EvaluateOptions, console: Console) -> _Recorded:
+    """Read `--topic` (between --from-time and --to-time) into requests; `--out` keeps a copy."""
+    from confluent_kafka import KafkaException  # noqa: PLC0415 - Kafka client, lazily
+
+    from cacheroute.replay.live import read_recorded  # noqa: PLC0415
+
+    settings: Settings = click.get_current_context().find_root().obj
+    assert opts.topic is not None
+    topic = settings.topic_prefix + opts.topic
+    from_ms = time_ms(opts.from_time) if opts.from_time else None
+    to_ms = time_ms(opts.to_time) if opts.to_time else None
+    with progress_bar(console) as progress:
+        task = progress.add_task(f"reading {topic}", total=None)
+        try:
+            traffic = read_recorded(
+                settings,
+                topic,
+                from_ms=from_ms,
+                to_ms=to_ms,
+                on_progress=lambda n: progress.advance(task, n),
+            )
+        except KafkaException as exc:
+            raise CacheRouteError(f"reading {topic}: {exc}") from None
+    span = f" from {opts.from_time}" if opts.from_time else ""
+    span += f" to {opts.to_time}" if opts.to_time else ""
+    origin = f"topic {topic}{span}"
+    try:
+        requests = traffic.request_set(
+            block_tokens=opts.block_tokens,
+            output_tokens=opts.output_tokens,
+            source=f"recorded requests of {origin}",
+        )
+    except ReplayError as exc:
+        raise click.ClickException(str(exc)) from None
+    served = traffic.served()
+    console.print(
+        f"read {requests.n:,} requests recorded by {len(served.gateways)} gateway(s) over "
+        f"{requests.duration:.0f} s ({requests.rate:.1f} req/s); engines reported cached tokens "
+        f"for {served.reported:,}"
+    )
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+        write_jsonl(requests, opts.out / "recorded.jsonl")
+    return _Recorded(requests, served, origin)
+
+
+def _calibration(recorded: _Recorded, run: _Run, q_cap: float, console: Console) -> dict[str, Any]:
+    """The served hit rate next to the simulated one of cacheroute on the same requests."""
+    served = recorded.served
+    r = len(served.destinations) or run.config.sim.destinations
+    g = max(1, len(served.gateways))
+    console.print(f"calibration: simulating the recorded traffic as it was (R = {r}, G = {g})")
+    cal = calibrate(recorded.requests, run.config, q_cap=q_cap, destinations=r, gateways=g)
+    return cal.to_dict() | {
+        "served_hit_rate": served.hit_rate,
+        "served_requests_reporting": served.reported,
+        "served_destinations": list(served.destinations),
+        "served_gateways": list(served.gateways),
+    }
+
+
+def _calibration_text(cal: Mapping[str, Any]) -> str:
+    """One sentence: served vs simulated hit rate on the recorded traffic."""
+    served = cal["served_hit_rate"]
+    served_text = (
+        "no engine reported cached tokens"
+        if served is None
+        else f"the engines served a KV hit rate of {100 * served:.1f}%"
+    )
+    return (
+        f"{served_text} ({cal['served_requests_reporting']:,} of {cal['requests']:,} requests "
+        "reported usage); "
+        f"the simulator gives {cal['policy']} {100 * cal['simulated_hit_rate']:.1f}% on the same "
+        f"requests at their recorded times (R = {cal['destinations']}, G = {cal['gateways']}, "
+        f"{cal['offered_qps']:.1f} req/s). A large gap means the service model (--cache-tokens, "
+        "block size) is not the engines'."
+    )
+
+
+def _make_run(
+    opts: EvaluateOptions,
+    workload: str | None,
+    trace: Path | None,
+    fmt: str,
+    recorded: _Recorded | None = None,
+) -> _Run:
     quick = bool(opts.quick)
     requests = opts.requests or (QUICK_REQUESTS if quick else FULL_REQUESTS)
     service = ServiceModel()
@@ -537,6 +671,8 @@ def _make_run(opts: EvaluateOptions, workload: str | None, trace: Path | None, f
         key_blocks=_key_blocks(opts.key_blocks),
         tile=opts.tile,
         limit=opts.limit,
+        recorded=None if recorded is None else recorded.requests,
+        recorded_from="" if recorded is None else recorded.origin,
     )
     slo_ms, slo_auto = _slo(opts.slo_ms)
     try:
@@ -591,10 +727,14 @@ def _write_outputs(
     (out / f"{prefix}result.json").write_bytes(
         orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     )
-    (out / f"{prefix}report.md").write_text(
-        render_run(result, links, title=f"Evaluation: {result.workload['source']}", level=1),
-        encoding="utf-8",
-    )
+    report = render_run(result, links, title=f"Evaluation: {result.workload['source']}", level=1)
+    if "calibration" in data:
+        report += (
+            "\n## Calibration on the recorded traffic\n\n"
+            + _calibration_text(data["calibration"])
+            + "\n"
+        )
+    (out / f"{prefix}report.md").write_text(report, encoding="utf-8")
     return {name: str(path) for name, path in files.items()}
 
 
@@ -628,6 +768,8 @@ def _render(result: Evaluation, timing: dict[str, Any], console: Console) -> Non
         f"{'agrees' if result.agree else 'disagrees'} with the diagnostic"
     )
     console.print(f"recommendation: [bold]{result.recommendation}[/]")
+    if "calibration" in timing:
+        console.print("calibration: " + _calibration_text(timing["calibration"]))
     console.print(
         f"simulated {timing['sim_requests']:,} requests in {timing['wall_s']:.1f} s "
         f"({timing['sim_requests_per_s']:,.0f} requests/s)"
@@ -695,6 +837,11 @@ class EvaluateOptions:
 
     workload: WorkloadKind | None
     trace: Path | None
+    topic: str | None
+    from_time: str | None
+    to_time: str | None
+    block_tokens: int
+    output_tokens: int
     fmt: str
     policies: str
     quick: bool

@@ -85,6 +85,16 @@ def _config_help() -> str:
     help="This is the cluster's only gateway: its in-flight counts are the backends' real loads, "
     "so a planned key may balance between its planned backend and where it last spilled.",
 )
+@click.option(
+    "--hash-blocks",
+    "hash_block_tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="TOKENS",
+    help="Send each request's prefix block hashes (chained, TOKENS-token blocks at 4 characters "
+    "a token; the trace readers use 512) in its event, so `cacheroute evaluate --topic` can "
+    "replay the recorded traffic with its prefixes; 0: off [0].",
+)
 @click.pass_obj
 def gateway(
     settings: Settings,
@@ -100,6 +110,7 @@ def gateway(
     read_timeout_s: float | None,
     no_kafka: bool,
     sole_gateway: bool,
+    hash_block_tokens: int | None,
 ) -> None:
     """Run an OpenAI-compatible gateway in front of the serving replicas.
 
@@ -129,6 +140,7 @@ def gateway(
         read_timeout_s=read_timeout_s,
         kafka=False if no_kafka else None,
         sole_gateway=True if sole_gateway else None,
+        hash_block_tokens=hash_block_tokens,
     )
     if config.kafka:
         # A refused login is one line now; without this the plan follower retries it until its

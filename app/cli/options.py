@@ -9,11 +9,12 @@ planner config), so the default is the caller's argument, while the option itsel
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import TypeVar
 
 import click
 
-__all__ = ["json_option", "q_cap_option", "warm_slots_option"]
+__all__ = ["json_option", "q_cap_option", "time_ms", "warm_slots_option"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -57,3 +58,14 @@ def warm_slots_option(
         show_default=default is not None,
         help=help,
     )
+
+
+def time_ms(text: str) -> int:
+    """Epoch milliseconds from an integer or an ISO-8601 time (local time if no zone), for
+    options such as `--from-time`."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise click.BadParameter(f"not epoch ms or ISO-8601: {text!r}") from None

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from pathlib import Path
 
 import click
 import orjson
 from rich.console import Console
 
-from cacheroute.cli.options import json_option
+from cacheroute.cli.options import json_option, time_ms
 from cacheroute.errors import CacheRouteError
 from cacheroute.progress import progress_bar
 from cacheroute.replay.sources import SourceSpec, load_source
@@ -19,16 +18,6 @@ from cacheroute.replay.workloads import KINDS
 from cacheroute.settings import Settings
 
 __all__ = ["replay"]
-
-
-def _time_ms(text: str) -> int:
-    """Epoch milliseconds from an integer or an ISO-8601 time (local time if no zone)."""
-    if text.isdigit():
-        return int(text)
-    try:
-        return int(datetime.fromisoformat(text).timestamp() * 1000)
-    except ValueError:
-        raise click.BadParameter(f"not epoch ms or ISO-8601: {text!r}") from None
 
 
 @click.command("replay")
@@ -94,7 +83,7 @@ def replay(
                 source[6:],
                 dest,
                 from_offset=from_offset,
-                from_time_ms=_time_ms(from_time) if from_time else None,
+                from_time_ms=time_ms(from_time) if from_time else None,
                 speed=speed,
                 on_progress=lambda n: progress.advance(task, n),
             )

@@ -42,6 +42,9 @@ __all__ = [
 
 ENGINE_BLOCK_TOKENS = 256
 """Tokens per block of the demo workload (`paper`): --cache-blocks x this = each engine's cache."""
+DEMO_HASH_BLOCK_TOKENS = 512
+"""The gateways' `--hash-blocks`: `evaluate --topic`'s default block size, so a kept run replays
+with no extra option (two workload blocks a hash: coarser than the engines' 256, still exact)."""
 START_TIMEOUT_S = 60.0
 """Start-up of a child on a busy 2-core machine (imports, the broker connection) can be slow."""
 
@@ -94,7 +97,9 @@ def start_cluster(
         gw, port = f"gw-{g}", free_port()
         argv = ["-m", "cacheroute", "--bootstrap", bootstrap, "--topic-prefix", prefix]
         argv += ["gateway", "--port", str(port), "--gateway-id", gw, *backends]
-        argv += ["--health-interval", "1"]
+        # block hashes in every event: `cacheroute evaluate --topic requests` can replay a run
+        # kept with --keep-topics, prefixes included
+        argv += ["--health-interval", "1", "--hash-blocks", str(DEMO_HASH_BLOCK_TOKENS)]
         children.append(start_child(gw, argv, run_dir / f"{gw}.log"))
         cluster.gateways[gw] = port
     for child, port in zip(children[-gateways:], cluster.gateways.values(), strict=True):

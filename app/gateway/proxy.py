@@ -47,6 +47,7 @@ from cacheroute.openai_api import (
     MODELS_PATH,
     error_body,
     estimate_tokens,
+    prefix_block_hashes,
     prompt_text,
 )
 
@@ -136,8 +137,11 @@ class Proxy:
             return self.fail(endpoint, "missing_model", "`model` is required (a non-empty string)")
         key, rule = routing_key(self.config.key_rules, request.headers, body, chat=chat)
         session = session_hint(rule, body, chat=chat)
-        estimate = estimate_tokens(prompt_text(body, chat=chat))
-        return await self._route(request, raw, key, estimate, t0, session=session)
+        text = prompt_text(body, chat=chat)
+        estimate = estimate_tokens(text)
+        bt = self.config.hash_block_tokens
+        hashes = prefix_block_hashes(text, bt) if bt > 0 and self.emitter is not None else None
+        return await self._route(request, raw, key, estimate, t0, session=session, hashes=hashes)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse a body announced too large before the client sends it."""
@@ -185,6 +189,7 @@ class Proxy:
         t0: float,
         *,
         session: str | None = None,
+        hashes: list[int] | None = None,
     ) -> web.StreamResponse:
         """Route, forward, retry once on another backend; always release and emit."""
         router = self.dispatcher.router
@@ -227,7 +232,7 @@ class Proxy:
             raise
         finally:
             if ex.backend is not None:
-                self._finished(key, estimate, ex, endpoint, t0)
+                self._finished(key, estimate, ex, endpoint, t0, hashes=hashes)
         if failure:
             return self.fail(endpoint, "upstream", failure)
         return self.fail(
@@ -237,7 +242,16 @@ class Proxy:
             "later (operators: check the engines and the gateway's --backend URLs)",
         )
 
-    def _finished(self, key: str, estimate: int, ex: _Exchange, endpoint: str, t0: float) -> None:
+    def _finished(
+        self,
+        key: str,
+        estimate: int,
+        ex: _Exchange,
+        endpoint: str,
+        t0: float,
+        *,
+        hashes: list[int] | None = None,
+    ) -> None:
         """Account for a request a backend accepted: metrics and its event."""
         usage = ex.usage
         prompt = estimate
@@ -255,7 +269,13 @@ class Proxy:
             self.metrics.first_byte.labels(endpoint).observe(ex.first_byte - t0)
         assert ex.backend is not None
         if self.emitter is not None:
-            self.emitter.emit(key, prompt, destination=ex.backend.name, cached_tokens=cached)
+            self.emitter.emit(
+                key,
+                prompt,
+                destination=ex.backend.name,
+                cached_tokens=cached,
+                prefix_block_hashes=hashes,
+            )
 
     # ---------------------------------------------------------------------------- upstream
     def _upstream_headers(self, request: web.Request, backend: Backend) -> dict[str, str]:

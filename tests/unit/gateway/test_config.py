@@ -120,3 +120,15 @@ def test_sole_gateway_turns_on_the_dispatchers_spill_home() -> None:
             assert gw.dispatcher.router.spill_home is expected
         finally:
             gw.close()
+
+
+def test_hash_blocks_come_from_the_file_or_the_flag_and_are_never_negative() -> None:
+    one = ["d0=http://127.0.0.1:1"]
+    assert build_config(None, backends=one).hash_block_tokens == 0
+    assert build_config({"hash_block_tokens": 512}, backends=one).hash_block_tokens == 512
+    flagged = build_config({"hash_block_tokens": 512}, backends=one, hash_block_tokens=16)
+    assert flagged.hash_block_tokens == 16
+    with pytest.raises(ConfigError, match="hash_block_tokens must be >= 0"):
+        build_config({"hash_block_tokens": -1}, backends=one)
+    with pytest.raises(ConfigError, match="hash_block_tokens"):
+        build_config({"hash_block_tokens": "512"}, backends=one)
