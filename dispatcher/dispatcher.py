@@ -83,6 +83,10 @@ class DispatcherConfig:
     spill_home: bool = False
     """Set only when this is the cluster's one gateway: a planned key balances between its
     planned destination and its spill home (`Router.spill_home`)."""
+    cache_tokens: int | None = None
+    """Set only when this is the cluster's one gateway: each destination's KV cache capacity in
+    tokens, so a key's context counts as cached only while it can still fit there
+    (`Router.cache_tokens`); None: cached until the key moves."""
 
 
 class InFlight:
@@ -150,6 +154,7 @@ class Dispatcher:
             unit_tokens=self.config.unit_tokens,
             context_slack=self.config.context_slack,
             spill_home=self.config.spill_home,
+            cache_tokens=self.config.cache_tokens,
         )
         self.clock = clock
         self.health_check = health_check

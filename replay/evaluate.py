@@ -160,6 +160,10 @@ class EvalConfig:
     reported_cost: bool = True
     """cacheroute's planner weighs keys by the uncached tokens the engines reported for their
     finished requests (`PlanConfig.reported_cost`); False: by the declared reusable prefix."""
+    cache_aware: bool | None = None
+    """cacheroute's gateways estimate what of a key's context is still cached from each
+    replica's KV capacity (`PlanConfig.cache_aware`); False: cached until the key moves; None:
+    when there is one gateway (the only case it is for, as `spill_home`)."""
     session_hints: bool = False
     """cacheroute's gateways also know each request's conversation (`traces.session_hints`),
     for sources whose keys are coarser than conversations (block traces keyed by leading
@@ -197,6 +201,13 @@ class EvalConfig:
         """Whether cacheroute's gateways use their spill homes: as set, else at one gateway."""
         if self.spill_home is not None:
             return self.spill_home
+        return self.fleet.gateways == 1
+
+    @property
+    def resolved_cache_aware(self) -> bool:
+        """Whether cacheroute's gateways estimate eviction: as set, else at one gateway."""
+        if self.cache_aware is not None:
+            return self.cache_aware
         return self.fleet.gateways == 1
 
 
@@ -377,6 +388,7 @@ class Evaluation:
                 "keep_homes": cfg.keep_homes,
                 "spill_home": cfg.resolved_spill_home,
                 "plan_cost": "reported" if cfg.reported_cost else "declared",
+                "cache_aware": cfg.resolved_cache_aware,
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -471,6 +483,7 @@ class _Runner:
             plan_on_work=self.cfg.plan_on_work,
             keep_homes=self.cfg.keep_homes,
             spill_home=self.cfg.resolved_spill_home,
+            cache_aware=self.cfg.resolved_cache_aware,
             reported_cost=self.cfg.reported_cost,
         )
 

@@ -88,6 +88,7 @@ class _Planned(Policy):
             unit_tokens=cfg.work_unit_tokens or DEFAULT_UNIT_TOKENS,
             context_slack=cfg.context_slack and self.extensions,
             spill_home=cfg.spill_home and self.extensions,
+            cache_tokens=ctx.service.cache_tokens if cfg.cache_aware and self.extensions else None,
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys

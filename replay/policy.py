@@ -101,6 +101,11 @@ class PlanConfig:
     """cacheroute's planner weighs a key by the uncached tokens the engines reported for its
     finished requests, as the planner service does from the gateways' usage reports
     (`planner.work.planning_rates`); False: by its declared reusable prefix."""
+    cache_aware: bool = False
+    """cacheroute's gateways know each replica's KV capacity (`ServiceModel.cache_tokens`, as an
+    operator configures it) and estimate what of a key's context is still cached, LRU-wise
+    (`Router.cache_tokens`: for a gateway that sees all the traffic); False: a context counts
+    as cached until the key moves."""
 
     def __post_init__(self) -> None:
         if not (self.q_cap > 0 and self.control_interval_s > 0 and self.warm_slots >= 0):

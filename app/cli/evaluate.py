@@ -414,6 +414,15 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "gateway only.",
 )
 @click.option(
+    "--cache-aware",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="cacheroute: gateways know each replica's KV capacity (--cache-tokens) and estimate "
+    "what of a conversation's context is still cached there (LRU; for a gateway that sees all "
+    "the traffic); off: cached until it moves; auto: on at one gateway only.",
+)
+@click.option(
     "--plan-cost",
     type=click.Choice(["reported", "declared"]),
     default="reported",
@@ -699,6 +708,7 @@ def _make_run(
             keep_homes=opts.keep_homes,
             spill_home=None if opts.spill_home == "auto" else opts.spill_home == "on",
             reported_cost=opts.plan_cost == "reported",
+            cache_aware=None if opts.cache_aware == "auto" else opts.cache_aware == "on",
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
@@ -878,6 +888,7 @@ class EvaluateOptions:
     plan_on_work: bool
     keep_homes: bool
     spill_home: str
+    cache_aware: str
     plan_cost: str
     cluster_sizes: str | None
     cluster_load: float | None

@@ -86,6 +86,15 @@ def _config_help() -> str:
     "so a planned key may balance between its planned backend and where it last spilled.",
 )
 @click.option(
+    "--cache-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="TOKENS",
+    help="With --sole-gateway: each backend's KV cache capacity in tokens (vLLM logs it at "
+    "start-up), so a conversation's context counts as cached only while it can still fit there "
+    "[0: off].",
+)
+@click.option(
     "--hash-blocks",
     "hash_block_tokens",
     type=click.IntRange(min=0),
@@ -110,6 +119,7 @@ def gateway(
     read_timeout_s: float | None,
     no_kafka: bool,
     sole_gateway: bool,
+    cache_tokens: int | None,
     hash_block_tokens: int | None,
 ) -> None:
     """Run an OpenAI-compatible gateway in front of the serving replicas.
@@ -140,6 +150,7 @@ def gateway(
         read_timeout_s=read_timeout_s,
         kafka=False if no_kafka else None,
         sole_gateway=True if sole_gateway else None,
+        cache_tokens=cache_tokens,
         hash_block_tokens=hash_block_tokens,
     )
     if config.kafka:

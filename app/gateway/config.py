@@ -81,6 +81,10 @@ class GatewayConfig:
     """True (`--sole-gateway`): this is the cluster's only gateway, so its in-flight counts are the
     backends' real loads and a planned key may balance between its planned backend and where it
     last spilled (`Router.spill_home`). Leave it off behind a load balancer of several."""
+    cache_tokens: int = 0
+    """> 0 (`--cache-tokens`), with `sole_gateway`: each backend's KV cache capacity in tokens,
+    so the dispatcher counts a conversation's context as cached only while it can still fit
+    there (`Router.cache_tokens`). Ignored behind a balancer of several gateways."""
     hash_block_tokens: int = 0
     """> 0 (`--hash-blocks TOKENS`): each event carries the prompt's chained block hashes
     (`openai_api.prefix_block_hashes`), so `evaluate --topic` can replay the recorded prefixes."""
@@ -97,6 +101,8 @@ class GatewayConfig:
         names = [b.name for b in self.backends]
         if len(set(names)) != len(names):
             raise ConfigError(f"backend names must be distinct, got {names}")
+        if self.cache_tokens < 0:
+            raise ConfigError("cache_tokens must be >= 0 (0: contexts count as cached)")
         if self.hash_block_tokens < 0:
             raise ConfigError("hash_block_tokens must be >= 0 (0: no block hashes in events)")
         for key in ("max_body_bytes", "max_connections", "port"):
@@ -120,6 +126,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "kafka": bool,
     "sole_gateway": bool,
     "hash_block_tokens": int,
+    "cache_tokens": int,
 }
 
 CONFIG_KEYS: dict[str, str] = {
@@ -136,6 +143,7 @@ CONFIG_KEYS: dict[str, str] = {
     "kafka": "false: no plan following and no events [true]",
     "sole_gateway": "true: the cluster's only gateway (planned keys may use a spill home) [false]",
     "hash_block_tokens": "> 0: prefix block hashes of this many tokens in each event [0]",
+    "cache_tokens": "> 0, with sole_gateway: each backend's KV cache capacity in tokens [0]",
     "[[backends]]": "name, url, and optional api_key, api_key_env, health_path, verify_tls, "
     "ca_file",
 }

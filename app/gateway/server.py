@@ -42,7 +42,10 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.dispatcher = Dispatcher(
             [b.name for b in config.backends],
-            DispatcherConfig(spill_home=config.sole_gateway),
+            DispatcherConfig(
+                spill_home=config.sole_gateway,
+                cache_tokens=(config.cache_tokens or None) if config.sole_gateway else None,
+            ),
         )
         self.emitter: Emitter | None = None
         try:

@@ -116,3 +116,47 @@ def test_a_one_unit_request_shares_its_object_and_first_token_changes_nothing() 
     assert a is b  # the shared per-destination object of the common path
     b.release()
     assert disp.router.inflight == [0, 0, 0, 0]
+
+
+def test_with_cache_tokens_a_context_is_cached_only_while_it_still_fits() -> None:
+    """An LRU cache of 1,000 tokens at destination a, 100 tokens a unit. Hand-derived:
+
+    t/1 sends 600 tokens (all inserted: 600). t/2 sends 300 (inserted: 900). t/1's next turn of
+    700: 300 tokens came after its 600, 1,000 - 300 = 700 >= 600 still fit, so 600 are cached
+    and 100 inserted (1,000): 1 + 100 // 100 = 2 units. t/3 sends 500 (1,500). t/1 again with
+    800: 500 came after its 700, only 1,000 - 500 = 500 of them are left: 1 + 300 // 100 = 4
+    units, and its slack there is 500 // 100 = 5. Without cache_tokens the same turn finds all
+    700 cached: 2 units, slack 7.
+    """
+    aware = _router(unit_tokens=100, cache_tokens=1000)
+    plain = _router(unit_tokens=100)
+    for r in (aware, plain):
+        assert r.work_units("t/1", 0, 600) == 7
+        assert r.work_units("t/2", 0, 300) == 4
+        assert r.work_units("t/1", 0, 700) == 2
+        assert r.work_units("t/3", 0, 500) == 6
+    assert aware._slack("t/1", 0) == 5
+    assert plain._slack("t/1", 0) == 7
+    assert aware.work_units("t/1", 0, 800) == 4
+    assert plain.work_units("t/1", 0, 800) == 2
+    # once more than the whole cache came after it, nothing of it is left
+    fresh = _router(unit_tokens=100, cache_tokens=1000)
+    fresh.work_units("t/1", 0, 600)
+    fresh.work_units("t/2", 0, 1200)
+    assert fresh.work_units("t/1", 0, 700) == 8
+    # another destination's traffic does not push it out
+    other = _router(unit_tokens=100, cache_tokens=1000)
+    other.work_units("t/1", 0, 600)
+    other.work_units("t/2", 1, 5000)
+    assert other.work_units("t/1", 0, 700) == 2
+
+
+def test_cache_tokens_must_be_positive() -> None:
+    import pytest  # noqa: PLC0415
+
+    from cacheroute.dispatcher.errors import DispatchError  # noqa: PLC0415
+
+    with pytest.raises(DispatchError, match="cache_tokens"):
+        _router(cache_tokens=0)
+    d = Dispatcher(NAMES, DispatcherConfig(cache_tokens=4096))
+    assert d.router.cache_tokens == 4096

@@ -132,3 +132,20 @@ def test_hash_blocks_come_from_the_file_or_the_flag_and_are_never_negative() -> 
         build_config({"hash_block_tokens": -1}, backends=one)
     with pytest.raises(ConfigError, match="hash_block_tokens"):
         build_config({"hash_block_tokens": "512"}, backends=one)
+
+
+def test_cache_tokens_reach_the_router_of_a_sole_gateway_only() -> None:
+    from cacheroute.gateway.server import Gateway  # noqa: PLC0415 - aiohttp
+    from cacheroute.settings import Settings  # noqa: PLC0415
+
+    one = ["d0=http://127.0.0.1:1"]
+    sole = build_config({"cache_tokens": 65536, "sole_gateway": True}, backends=one, kafka=False)
+    shared = build_config({"cache_tokens": 65536}, backends=one, kafka=False)
+    with pytest.raises(ConfigError, match="cache_tokens must be >= 0"):
+        build_config({"cache_tokens": -1}, backends=one)
+    for config, expected in ((sole, 65536), (shared, None)):
+        gw = Gateway(config, Settings())
+        try:
+            assert gw.dispatcher.router.cache_tokens == expected
+        finally:
+            gw.close()

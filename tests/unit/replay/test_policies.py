@@ -342,6 +342,30 @@ def test_spill_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
     assert CacheRoute(ctx_for(q)).router.spill_home is False
 
 
+def test_cache_awareness_reaches_cacheroutes_gateways_only_where_asked() -> None:
+    """As spill homes: on at one gateway (its counts are every insert into each replica's
+    cache), off in a fleet unless told; the Router then gets the replica's KV capacity."""
+    from cacheroute.replay.evaluate import EvalConfig  # noqa: PLC0415
+
+    assert EvalConfig().resolved_cache_aware is True
+    assert EvalConfig(fleet=FleetConfig(gateways=4)).resolved_cache_aware is False
+    assert EvalConfig(fleet=FleetConfig(gateways=4), cache_aware=True).resolved_cache_aware
+    assert EvalConfig(cache_aware=False).resolved_cache_aware is False
+    q = make_request_set(
+        times=[0.0, 1.0],
+        keys=["a", "b"],
+        prompt_tokens=[64, 64],
+        output_tokens=[4, 4],
+        block_lists=[[1], [2]],
+        block_tokens=16,
+        source="hand",
+    )
+    ctx = ctx_for(q, cache_aware=True)
+    assert CacheRoute(ctx).router.cache_tokens == ctx.service.cache_tokens
+    assert PaperLPT(ctx).router.cache_tokens is None
+    assert CacheRoute(ctx_for(q)).router.cache_tokens is None
+
+
 def test_cacheroute_plans_on_the_uncached_tokens_the_engines_reported() -> None:
     """Keys a and b: 10 requests each of 5,120 prompt tokens, all declared reusable, so by the
     declaration both cost 1 unit (the decode). The engines report a's prompts computed in full
