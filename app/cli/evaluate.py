@@ -1096,6 +1096,16 @@ _SUITE = (
         ),
     ),
     _Case(
+        "Conversation workload, G = 1, without cache awareness (what estimating evicted contexts "
+        "from the replicas' KV capacity buys at one gateway)",
+        "conversation_g1_no_cache_aware",
+        workload="conversation",
+        options=(
+            ("cache_aware", "off", "--cache-aware off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
         "Conversation trace with session keys, G = 16, planned on declared prefixes instead of "
         "the engines' reported cached tokens (what reported costs buy)",
         "conv-trace_g16_declared_cost",
