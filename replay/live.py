@@ -16,7 +16,7 @@ tests can drive the pacing without waiting.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -166,12 +166,11 @@ def _start_offsets(
 
 @dataclass(slots=True)
 class _Copy:
-    """State of one copy: what is left per partition, pacing, counters."""
+    """State of one copy: pacing and counters."""
 
     producer: Producer
     dest: str
     dest_partitions: int
-    remaining: dict[int, tuple[int, int]]
     speed: float
     clock: Callable[[], float]
     sleep: Callable[[float], None]
@@ -180,12 +179,9 @@ class _Copy:
     first_ts: int | None = None
     last_ts: int | None = None
 
-    def take(self, msg: Message) -> bool:
-        """Copy one polled message if it is in range; True if it was copied."""
+    def take(self, msg: Message) -> None:
+        """Copy one message of the range being read."""
         p = msg.partition() or 0
-        offset = msg.offset() or 0
-        if p not in self.remaining or offset >= self.remaining[p][1]:
-            return False
         _, ts = msg.timestamp()
         if self.first_ts is None:
             self.first_ts = ts
@@ -209,9 +205,41 @@ class _Copy:
             )
         self.producer.poll(0)
         self.copied += 1
-        if offset + 1 >= self.remaining[p][1]:
-            del self.remaining[p]
-        return True
+
+
+def _in_ranges(
+    consumer: Consumer,
+    topic: str,
+    ranges: dict[int, tuple[int, int]],
+    timeout: float,
+    clock: Callable[[], float],
+    *,
+    doing: str,
+) -> Iterator[Message]:
+    """Assign `ranges` (partition -> (start, end) offsets) and yield each message in them, in
+    order per partition, until every partition reached its end; CacheRouteError when nothing
+    arrives for `timeout` seconds, KafkaException on a Kafka error (EOFs excepted)."""
+    remaining = dict(ranges)
+    consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
+    deadline = clock() + timeout
+    while remaining:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            if clock() > deadline:
+                raise CacheRouteError(f"{doing} {topic} timed out", retriable=True)
+            continue
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            raise KafkaException(err)
+        deadline = clock() + timeout
+        p, offset = msg.partition() or 0, msg.offset() or 0
+        if p not in remaining or offset >= remaining[p][1]:
+            continue
+        if offset + 1 >= remaining[p][1]:
+            del remaining[p]
+        yield msg
 
 
 def copy_topic(
@@ -249,27 +277,14 @@ def copy_topic(
             producer=Producer(producer_config(settings)),
             dest=dest,
             dest_partitions=len(meta.topics[dest].partitions),
-            remaining=dict(ranges),
             speed=speed,
             clock=clock,
             sleep=sleep,
             wall0=clock(),
         )
-        consumer.assign([TopicPartition(source, p, start) for p, (start, _) in ranges.items()])
-        deadline = clock() + timeout
-        while job.remaining:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                if clock() > deadline:
-                    raise CacheRouteError(f"copying {source} timed out", retriable=True)
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(err)
-            deadline = clock() + timeout
-            if job.take(msg) and on_progress is not None:
+        for msg in _in_ranges(consumer, source, ranges, timeout, clock, doing="copying"):
+            job.take(msg)
+            if on_progress is not None:
                 on_progress(1)
         left = job.producer.flush(timeout)
         if left:
@@ -319,29 +334,12 @@ def read_recorded(
             from_time_ms=None if from_ms is None else max(0, from_ms - RECORD_SLACK_MS),
             timeout=timeout,
         )
-        remaining = dict(ranges)
-        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
-        deadline = time.monotonic() + timeout
-        while remaining:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                if time.monotonic() > deadline:
-                    raise CacheRouteError(f"reading {topic} timed out", retriable=True)
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(err)
-            deadline = time.monotonic() + timeout
-            p, offset = msg.partition() or 0, msg.offset() or 0
-            if p not in remaining or offset >= remaining[p][1]:
-                continue
-            if offset + 1 >= remaining[p][1]:
-                del remaining[p]
+        for msg in _in_ranges(consumer, topic, ranges, timeout, time.monotonic, doing="reading"):
             before = len(out)
             try:
-                record = decode_any(msg.value(), topic=topic, partition=p, offset=offset)
+                record = decode_any(
+                    msg.value(), topic=topic, partition=msg.partition(), offset=msg.offset()
+                )
             except SchemaError:
                 out.undecodable += 1
                 continue

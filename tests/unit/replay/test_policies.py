@@ -317,6 +317,18 @@ def test_keep_homes_plans_new_keys_where_their_traffic_went() -> None:
             assert targets[homes] != went
 
 
+def _two_requests() -> RequestSet:
+    return make_request_set(
+        times=[0.0, 1.0],
+        keys=["a", "b"],
+        prompt_tokens=[64, 64],
+        output_tokens=[4, 4],
+        block_lists=[[1], [2]],
+        block_tokens=16,
+        source="hand",
+    )
+
+
 def test_spill_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
     """The evaluator turns spill homes on at one gateway (its counts are the real loads) and off
     in a fleet, unless told; only cacheroute's Router gets it (the ablation steps run the
@@ -327,15 +339,7 @@ def test_spill_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
     assert EvalConfig(fleet=FleetConfig(gateways=4)).resolved_spill_home is False
     assert EvalConfig(fleet=FleetConfig(gateways=4), spill_home=True).resolved_spill_home is True
     assert EvalConfig(spill_home=False).resolved_spill_home is False
-    q = make_request_set(
-        times=[0.0, 1.0],
-        keys=["a", "b"],
-        prompt_tokens=[64, 64],
-        output_tokens=[4, 4],
-        block_lists=[[1], [2]],
-        block_tokens=16,
-        source="hand",
-    )
+    q = _two_requests()
     ctx = ctx_for(q, spill_home=True)
     assert CacheRoute(ctx).router.spill_home is True
     assert PaperLPT(ctx).router.spill_home is False
@@ -351,15 +355,7 @@ def test_cache_awareness_reaches_cacheroutes_gateways_only_where_asked() -> None
     assert EvalConfig(fleet=FleetConfig(gateways=4)).resolved_cache_aware is False
     assert EvalConfig(fleet=FleetConfig(gateways=4), cache_aware=True).resolved_cache_aware
     assert EvalConfig(cache_aware=False).resolved_cache_aware is False
-    q = make_request_set(
-        times=[0.0, 1.0],
-        keys=["a", "b"],
-        prompt_tokens=[64, 64],
-        output_tokens=[4, 4],
-        block_lists=[[1], [2]],
-        block_tokens=16,
-        source="hand",
-    )
+    q = _two_requests()
     ctx = ctx_for(q, cache_aware=True)
     assert CacheRoute(ctx).router.cache_tokens == ctx.service.cache_tokens
     assert PaperLPT(ctx).router.cache_tokens is None
