@@ -15,20 +15,29 @@ Figures:
   own cost (`timer_overhead_ns`, measured in the same run) subtracted for each of the two timings;
 - swap_max_stall_ms: the worst single route() latency seen by a routing thread while another
   thread applies a new 128k-key plan version (builds its routing table and swaps it in);
-- receive_max_stall_ms: the same, but the other thread takes the version through the whole gateway
-  path first: the encoded Kafka records (chunks + header, as the planner publishes them) are
-  assembled, checksummed, decoded and validated by the follower's `PlanAssembler`, then applied;
+- receive_p50/p99/max_stall_ms: the same, per version over `receive_versions` (20) new versions
+  (rates drifted a little each), but the other thread takes each version through the whole
+  gateway path first: the encoded Kafka records (chunks + header, as the planner publishes them)
+  are assembled, checksummed, decoded and validated by the follower's `PlanAssembler`, then
+  applied; `receive_ms` is the mean time that takes;
+- receive_hog_p50/max_stall_ms: the same over `hog_versions` more versions while a third thread
+  of the process spins on pure Python (a CPU-bound task competing for the GIL);
 - baseline_max_stall_ms: the routing thread's worst call over an equally long window with nothing
-  else running, so the scheduler's own noise is visible.
+  else running, so the scheduler's own noise is visible;
+- switch_interval_ms: Python's thread switch interval during the run: the dispatcher is started
+  as a gateway's is (`DispatcherConfig.switch_interval_s`, 0.5 ms), so the interpreter hands the
+  GIL from a builder to a waiting router within that.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -106,6 +115,26 @@ def _stall_during(d: Dispatcher, stream: list[str], action: Any) -> tuple[float,
     return worst[0] / 1e6, count[0]
 
 
+def _with_cpu_hog(work: Callable[[], list[float]]) -> list[float]:
+    """`work()` while another thread of this process spins on pure Python (a CPU-bound task
+    that wants the GIL all the time)."""
+    stop = threading.Event()
+
+    def hog() -> None:
+        n = 0
+        while not stop.is_set():
+            for _ in range(1000):
+                n += 1
+
+    thread = threading.Thread(target=hog, daemon=True)
+    thread.start()
+    try:
+        return work()
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _throughput(d: Dispatcher, stream: list[str]) -> float:
     """Seconds for `with d.request(key)` of every key, 64 requests outstanding (FIFO release)."""
     request = d.request
@@ -150,7 +179,11 @@ def _timer_overhead_ns() -> float:
 
 
 def bench_dispatcher(
-    keys: int = 128_824, destinations: int = 30, decisions: int = 1_000_000, seed: int = 0
+    keys: int = 128_824,
+    destinations: int = 30,
+    decisions: int = 1_000_000,
+    seed: int = 0,
+    versions: int = 20,
 ) -> dict[str, Any]:
     """Run the benchmark described in the module docstring."""
     rng = np.random.default_rng(seed)
@@ -170,6 +203,7 @@ def bench_dispatcher(
         created_ms=int(time.time() * 1000),
     )
     d = Dispatcher(names, rng=random.Random(seed))  # noqa: S311 - load balancing, seeded
+    d.start()  # as a following gateway runs: maintenance thread, thread switch interval
     d.apply_plan(plan1)
     stream = _stream(work.keys, work.rates, decisions, rng)
     admitted = set(plan1.keys)
@@ -190,30 +224,44 @@ def bench_dispatcher(
 
     stall_ms, routed_during = _stall_during(d, stream, apply)
 
-    # receive stall: take a new version from its Kafka records to the live table
-    plan3 = build_plan(
-        work.keys, work.rates, names, params, version=3, created_ms=int(time.time() * 1000)
-    )
-    encoded = encode_plan(plan3)
-    records = [(chunk_key(i), c) for i, c in enumerate(encoded.chunks)]
-    records.append((HEADER_KEY, encoded.header_bytes))
-    t_receive = [0.0]
-    outcomes: list[object] = []
+    # receive stalls: take new versions from their Kafka records to the live table, each
+    # while a thread routes; then again with a CPU-bound thread competing for the GIL
+    drift = np.random.default_rng(seed + 1)
+    hogged = max(1, versions // 2)
+    encoded_versions = []
+    for v in range(3, 3 + versions + hogged):
+        rates = work.rates * np.exp(drift.normal(0.0, 0.05, len(work.rates)))
+        plan = build_plan(
+            work.keys, rates, names, params, version=v, created_ms=int(time.time() * 1000)
+        )
+        encoded = encode_plan(plan)
+        records = [(chunk_key(i), c) for i, c in enumerate(encoded.chunks)]
+        records.append((HEADER_KEY, encoded.header_bytes))
+        encoded_versions.append(records)
+    receive_s: list[float] = []
 
-    def receive() -> None:
+    def receive(records: list[tuple[bytes, bytes]]) -> None:
         t0 = time.perf_counter()
         assembler = PlanAssembler(pause=_yield_gil)
         for key, value in records:
             outcome = assembler.offer(key, value)
-            outcomes.append(outcome)
             if isinstance(outcome, Applied):
                 d.apply_plan(outcome.plan)
             else:
                 time.sleep(0)
-        t_receive[0] = time.perf_counter() - t0
+        receive_s.append(time.perf_counter() - t0)
 
-    receive_ms, _ = _stall_during(d, stream, receive)
-    base_ms, _ = _stall_during(d, stream, lambda: time.sleep(max(t_receive[0], 0.05)))
+    stalls = [
+        _stall_during(d, stream, lambda r=r: receive(r))[0] for r in encoded_versions[:versions]
+    ]
+    hog_stalls = _with_cpu_hog(
+        lambda: [
+            _stall_during(d, stream, lambda r=r: receive(r))[0] for r in encoded_versions[versions:]
+        ]
+    )
+    mean_receive = statistics.fmean(receive_s[:versions])
+    base_ms, _ = _stall_during(d, stream, lambda: time.sleep(max(mean_receive, 0.05)))
+    encoded = encode_plan(plan1)
     return {
         "keys": keys,
         "destinations": destinations,
@@ -230,8 +278,15 @@ def bench_dispatcher(
         "swap_max_stall_ms": round(stall_ms, 3),
         "baseline_max_stall_ms": round(base_ms, 3),
         "swap_apply_ms": round(t_apply[0] * 1000, 1),
-        "receive_max_stall_ms": round(receive_ms, 3),
-        "receive_ms": round(t_receive[0] * 1000, 1),
+        "receive_versions": versions,
+        "receive_p50_stall_ms": round(float(np.percentile(stalls, 50)), 3),
+        "receive_p99_stall_ms": round(float(np.percentile(stalls, 99)), 3),
+        "receive_max_stall_ms": round(max(stalls), 3),
+        "receive_ms": round(mean_receive * 1000, 1),
+        "hog_versions": hogged,
+        "receive_hog_p50_stall_ms": round(float(np.percentile(hog_stalls, 50)), 3),
+        "receive_hog_max_stall_ms": round(max(hog_stalls), 3),
+        "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3),
         "swap_chunks": len(encoded.chunks),
         "swap_record_bytes": sum(len(c) for c in encoded.chunks) + len(encoded.header_bytes),
         "routed_during_swap": routed_during,

@@ -341,15 +341,22 @@ def bench_emitter_cmd(
 @click.option("--destinations", default=30, show_default=True, help="Destinations.")
 @click.option("--decisions", default=1_000_000, show_default=True, help="Routing decisions.")
 @click.option("--seed", default=0, show_default=True, help="Workload seed.")
+@click.option(
+    "--versions",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="New plan versions received while routing (stall percentiles over them).",
+)
 @json_option("Print exactly one JSON object.")
 def bench_dispatcher_cmd(
-    keys: int, destinations: int, decisions: int, seed: int, as_json: bool
+    keys: int, destinations: int, decisions: int, seed: int, versions: int, as_json: bool
 ) -> None:
     """Routing decisions/s, per-call p50/p99, and the worst stall while a new plan is applied."""
     from cacheroute.benchmarks.dispatcher import bench_dispatcher  # noqa: PLC0415
 
     with Console(stderr=True).status("routing ..."):
-        result = bench_dispatcher(keys, destinations, decisions, seed)
+        result = bench_dispatcher(keys, destinations, decisions, seed, versions)
     _emit_result("dispatcher benchmark", result, as_json=as_json)
 
 
