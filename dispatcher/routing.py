@@ -27,8 +27,8 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   the key's context slack, counted as `spill_home`. The key then has a second warm replica on
   demand, as a prefix-matching router grows one, and its conversations stay where their
   history is (measured on the long-context conversation trace with default keys at one
-  gateway: 37.9 -> 42.5 req/s of SLO capacity, docs/EVALUATION.md
-  `conv-trace_kb2_g1_no_spill_home`). It relies on in-flight counts that are the destinations'
+  gateway: 37.9 -> 42.5 req/s of SLO capacity; 41.6 -> 43.5 with `cache_tokens` on as well,
+  docs/EVALUATION.md `conv-trace_kb2_g1_no_spill_home`). It relies on in-flight counts that are the destinations'
   real loads; with G gateways each count is a 1/G sample. Homes taken from every cold placement
   (before admission too) scattered conversations there (KV hit rate 0.65 -> 0.58 at 16
   gateways); homes from spills alone changed nothing at 16 gateways (29.5 req/s either way:
@@ -336,10 +336,12 @@ class Router:
     size). With it, what a key's context still has cached at a destination is estimated with
     LRU in mind - the tokens sent there since push it out - instead of assuming it stays until
     the key goes elsewhere. A long-context conversation whose history was evicted is then
-    charged its recompute, and others are not sent to queue behind it (measured on the
-    long-context conversation workload at one gateway, `--quick --seeds 3`: 63.8 -> 65.5 req/s
-    of SLO capacity; at 4 and 16 gateways, each counting only its own share of the inserts and
-    missing the other gateways' refreshes of the same key, it was mixed: -9% to +4%)."""
+    charged its recompute, and others are not sent to queue behind it. Measured at one gateway
+    (SLO capacity, req/s): the long-context conversation trace at full size, 42.5 -> 43.5 with
+    default keys and 35.2 -> 37.7 with session keys; the conversation workload 63.8 -> 65.5 at
+    `--quick --seeds 3` but 65.7 -> 64.2 (one load step) in one full-size run. At 4 and 16
+    gateways, each counting only its own share of the inserts and missing the other gateways'
+    refreshes of the same key, it was mixed (-9% to +4%), so it is for a sole gateway."""
 
     def __post_init__(self) -> None:
         if not self.destinations:
