@@ -90,9 +90,11 @@ class DispatcherConfig:
     """Python's thread switch interval while this dispatcher runs (`start()`, `follow()`): a
     table built in the background holds the GIL until the interpreter hands it over, which it
     forces only after this long (5 ms by default) - so a route() call on the serving thread
-    waited up to that. 0.5 ms bounds the wait near the builder's own pacing (measured with
-    `bench dispatcher`: receive stalls p50 12 -> 5 ms); it costs nothing while only one thread
-    runs. Lowered only, never raised; None leaves the interpreter's setting alone."""
+    waited up to that whenever the builder's own pauses did not hand it over - always, once a
+    third thread wants the GIL too. Measured with `bench dispatcher` (128k-key versions, 20 of
+    them), 5 ms -> 0.5 ms: receive stall p99 7.8 -> 6.1 ms; with a CPU-bound thread competing,
+    p50 17.5 -> 4.9 ms and max 28 -> 7.9 ms. It costs nothing while only one thread runs.
+    Lowered only, never raised; None leaves the interpreter's setting alone."""
     cache_tokens: int | None = None
     """Set only when this is the cluster's one gateway: each destination's KV cache capacity in
     tokens, so a key's context counts as cached only while it can still fit there
