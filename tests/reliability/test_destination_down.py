@@ -46,8 +46,12 @@ class Gateway:
     down_since: float | None = None  # perf_counter when mark_down returned
     up_begin: float = 0.0  # before mark_up was called
     up_since: float = 0.0  # when mark_up returned
-    log: list[tuple[float, int | None, str, str, int | None, bool]] = field(default_factory=list)
-    """(started, version before, key, destination, version after if unchanged, spilled)."""
+    log: list[tuple[float, float, int | None, str, str, int | None, bool]] = field(
+        default_factory=list
+    )
+    """(started, ended, version before, key, destination, version after if unchanged, spilled):
+    a route's call lies between `started` and `ended` (the thread may be switched out anywhere
+    in between, so only that interval says which state of a destination it may have seen)."""
     errors: list[BaseException] = field(default_factory=list)
 
 
@@ -62,6 +66,7 @@ def _drive(gw: Gateway, keys: list[str], stop: threading.Event) -> None:
                 spills = d.router.counts[RouteKind.SPILLED]
                 started = time.perf_counter()
                 i = d.route_index(key)
+                ended = time.perf_counter()
                 after = d.version
                 spilled = d.router.counts[RouteKind.SPILLED] != spills
                 d.acquire(i)
@@ -71,6 +76,7 @@ def _drive(gw: Gateway, keys: list[str], stop: threading.Event) -> None:
                 gw.log.append(
                     (
                         started,
+                        ended,
                         before,
                         key,
                         d.router.names[i],
@@ -148,7 +154,7 @@ def test_destination_down_mid_run_routes_nothing_to_it_and_keeps_keys_in_their_s
 def _verify(gw: Gateway, allowed: dict[int, dict[str, frozenset[str]]]) -> None:
     """Nothing to the dead destination while down, keys inside T(b), no failed route.
 
-    Routes that started while `mark_down`/`mark_up` ran may see either state: they are checked
+    Routes whose call overlapped `mark_down`/`mark_up` may see either state: they are checked
     only for landing on a known destination.
     """
     assert not gw.errors, gw.errors
@@ -157,10 +163,13 @@ def _verify(gw: Gateway, allowed: dict[int, dict[str, frozenset[str]]]) -> None:
     assert counts[RouteKind.PLAN_DOWN] > 0  # keys whose whole T(b) was DEAD
     assert sum(gw.dispatcher.router.inflight) == 0
     during = after_up = to_dead_while_down = checked = 0
-    for started, version, key, dest, same, spilled in gw.log:
+    for started, ended, version, key, dest, same, spilled in gw.log:
         assert dest in NAMES
-        down = gw.down_since < started < gw.up_begin
-        up = started < gw.down_begin or started > gw.up_since
+        # the whole call after mark_down returned and before mark_up began: it saw the
+        # destination down; the whole call before mark_down began or after mark_up returned:
+        # up; calls that overlap either may have seen either state
+        down = gw.down_since < started and ended < gw.up_begin
+        up = ended < gw.down_begin or started > gw.up_since
         if down:
             during += 1
             to_dead_while_down += dest == DEAD
