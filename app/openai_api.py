@@ -103,15 +103,9 @@ def prefix_block_hashes(text: str, block_tokens: int) -> list[int]:
         return []
     out: list[int] = []
     prev = _HASH_ROOT
-    raw = text.encode("utf-8", "surrogatepass")
-    if len(raw) != len(text):  # non-ASCII: cut by characters, as the token estimate counts them
-        for start in range(0, len(text) - chars + 1, chars):
-            block = text[start : start + chars].encode("utf-8", "surrogatepass")
-            prev = hashlib.blake2b(prev + block, digest_size=8).digest()
-            out.append(int.from_bytes(prev, "little", signed=True))
-        return out
-    for start in range(0, len(raw) - chars + 1, chars):
-        prev = hashlib.blake2b(prev + raw[start : start + chars], digest_size=8).digest()
+    for start in range(0, len(text) - chars + 1, chars):  # by characters, as the estimate counts
+        block = text[start : start + chars].encode("utf-8", "surrogatepass")
+        prev = hashlib.blake2b(prev + block, digest_size=8).digest()
         out.append(int.from_bytes(prev, "little", signed=True))
     return out
 

@@ -61,7 +61,7 @@ from cacheroute.replay.planned import rendezvous_order
 from cacheroute.replay.policies import POLICY_NAMES
 from cacheroute.replay.policy import WARM_SLOTS, PlanConfig, PolicyContext, key_hashes
 from cacheroute.replay.requestset import RequestSet
-from cacheroute.replay.simulator import SimConfig, simulate
+from cacheroute.replay.simulator import RunResult, SimConfig, simulate
 from cacheroute.replay.traces import session_hints
 
 __all__ = [
@@ -436,7 +436,14 @@ class _Runner:
         return b.compressed(load / b.rate)
 
     def run(self, policy: str, load: float, destinations: int | None = None) -> RunMetrics:
-        requests = self.at(load)
+        result = self.simulate(policy, self.at(load), destinations)
+        self.last_info = result.policy_info
+        return result.metrics
+
+    def simulate(
+        self, policy: str, requests: RequestSet, destinations: int | None = None
+    ) -> RunResult:
+        """`requests` (this base, rescaled) through `policy` on the configured cluster."""
         sim = (
             self.cfg.sim
             if destinations is None
@@ -462,8 +469,7 @@ class _Runner:
             on_progress=self.reporter.advance,
         )
         self.simulated += requests.n
-        self.last_info = result.policy_info
-        return result.metrics
+        return result
 
     def plan_config(self, requests: RequestSet) -> PlanConfig:
         return PlanConfig(
@@ -849,20 +855,12 @@ def calibrate(
     the service model (cache size, block size, eviction) is from the real replicas: the
     simulator's calibration on this traffic.
     """
-    sim = replace(config.sim, destinations=destinations)
-    cfg = replace(config, sim=sim, fleet=replace(config.fleet, gateways=gateways))
-    runner = _Runner(requests, cfg, _Silent(), q_cap=q_cap)
-    plan = runner.plan_config(requests)
-    ctx = PolicyContext(
-        requests=requests,
-        destinations=destinations,
-        seed=sim.seed,
-        service=sim.service,
-        plan=plan,
-        hashes=runner.hashes,
-        sessions=runner.sessions,
+    cfg = replace(
+        config,
+        sim=replace(config.sim, destinations=destinations),
+        fleet=replace(config.fleet, gateways=gateways),
     )
-    result = simulate(requests, policy, sim, plan, context=ctx, fleet=cfg.fleet)
+    result = _Runner(requests, cfg, _Silent(), q_cap=q_cap).simulate(policy, requests)
     prompt = requests.prompt_tokens
     hit = float(np.minimum(result.cached, prompt).sum()) / max(1.0, float(prompt.sum()))
     return Calibration(
