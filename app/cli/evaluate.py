@@ -938,6 +938,7 @@ _FLEET_POLICIES = "flat-lb,sticky,chwbl,sglang,preble,cacheroute"
 _MOONCAKE = Path("tests/data/traces/mooncake_arxiv_1000.jsonl")
 _AZURE = Path("tests/data/traces/azure_llm_2023_conv_3000.csv")
 _CONV_TRACE = Path("tests/data/traces/conversation_mooncake_6000.jsonl")
+_DEMO_RECORDED = Path("tests/data/traces/demo_recorded_5930.jsonl")
 _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     ("Whale workload", "whale", "whale", None),
     ("Paper-like workload", "paper", "paper", None),
@@ -956,6 +957,13 @@ _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
         "conv-trace-kb2",
         None,
         _CONV_TRACE,
+    ),
+    (
+        "Demo traffic recorded by real gateways (`evaluate --topic`: 40 s, 50 tenants, "
+        "conversations that start and end; tiled)",
+        "demo-recorded",
+        None,
+        _DEMO_RECORDED,
     ),
 )
 
