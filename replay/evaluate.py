@@ -18,8 +18,10 @@ Steps (all deterministic for a seed; no clock - the shell times it):
      meets the SLO"; the knee search never halves below the slice's measured load, which passes by
      construction, so with auto it always finds a load.
   1. **knee** - the capacity of one replica: an affinity-like slice of the workload (the keys whose
-     rendezvous home is one of the first R/5 replicas, none heavier than a replica's share) on R/5
-     replicas, load raised until p99 leaves the SLO. It is `q_cap` unless one is given (the paper
+     rendezvous home is one of the first R/5 replicas, none heavier than a replica's share; by
+     conversation instead when the keys are too coarse for that, e.g. one system prompt shared
+     by every conversation of a trace keyed by its leading blocks) on R/5 replicas, load raised
+     until p99 leaves the SLO. It is `q_cap` unless one is given (the paper
      measures q_cap the same way: the QPS where tail latency explodes). `evaluate(knee_requests=)`
      measures it on held-out requests (the CLI: the same source with seed + 1000) so that q_cap
      is not tuned on the requests it is evaluated on; without them it is measured on the
@@ -541,17 +543,56 @@ def find_knee(
 
 
 def _knee_slice(requests: RequestSet, config: EvalConfig) -> tuple[RequestSet, int]:
-    """The knee's affinity-like slice and its replica count g = R/5 (module docstring, step 1)."""
+    """The knee's affinity-like slice and its replica count g = R/5 (module docstring, step 1).
+
+    When the routing keys are too coarse to give one (a trace keyed by leading blocks whose
+    conversations all share one system prompt: a handful of keys, each heavier than a replica's
+    share), the slice is taken by conversation instead (`traces.session_hints`, what a gateway
+    hashes from system prompt plus first message): the capacity of a replica whose
+    conversations stay with it, which is what the knee measures.
+    """
     r = config.sim.destinations
     g = max(1, r // 5)
+    mask = _light_at_home(requests, r, g)
+    if int(mask.sum()) < _KNEE_MIN_REQUESTS and requests.block_ids.size:
+        by_session = _keyed_by_session(requests)
+        if by_session.keys != requests.keys:
+            requests = by_session
+            mask = _light_at_home(requests, r, g)
+    if int(mask.sum()) < _KNEE_MIN_REQUESTS:
+        raise ReplayError(
+            f"the workload is too small to measure a replica's knee: fewer than "
+            f"{_KNEE_MIN_REQUESTS} requests of light keys (or conversations) fall on "
+            f"{g} of {r} replicas; pass more requests (--requests) or --q-cap"
+        )
+    return _subset(requests, mask), g
+
+
+_KNEE_MIN_REQUESTS = 50
+
+
+def _light_at_home(requests: RequestSet, r: int, g: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Per request: its key is at most a replica's share and its rendezvous home is < g."""
     home = rendezvous_order(key_hashes(requests.keys), r)[:, 0]
     counts = requests.key_counts()
     light = counts <= counts.sum() / r
-    chosen = (home < g) & light
-    mask = chosen[requests.key_index]
-    if int(mask.sum()) < 50:
-        raise ReplayError("the workload is too small to measure a replica's knee")
-    return _subset(requests, mask), g
+    out: np.ndarray[Any, np.dtype[np.bool_]] = ((home < g) & light)[requests.key_index]
+    return out
+
+
+def _keyed_by_session(requests: RequestSet) -> RequestSet:
+    """The same requests with each conversation (`session_hints`) as its key."""
+    index: dict[str, int] = {}
+    sessions = session_hints(requests)
+    key_index = np.fromiter(
+        (index.setdefault(s, len(index)) for s in sessions), dtype=np.int64, count=requests.n
+    )
+    return replace(
+        requests,
+        keys=tuple(index),
+        key_index=key_index,
+        notes=(*requests.notes, "keyed by conversation"),
+    )
 
 
 def _idle_p99(

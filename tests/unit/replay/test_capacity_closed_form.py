@@ -44,6 +44,7 @@ from cacheroute.replay.evaluate import (
 from cacheroute.replay.requestset import RequestSet, make_request_set
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig
+from cacheroute.replay.traces import session_hints
 
 S = 4.0  # seconds: the service time derived in the module docstring
 N = 500
@@ -190,3 +191,47 @@ def test_auto_keeps_the_default_when_an_idle_replica_meets_it_with_headroom() ->
 )
 def test_auto_slo_rule(idle: float, slo: float) -> None:
     assert auto_slo_ms(idle) == slo
+
+
+def _one_key_conversations(keys: list[str] | None = None) -> RequestSet:
+    """`evenly_spaced` requests, each its own conversation (its own two blocks of 16 tokens, no
+    reuse), under one routing key - a trace keyed by a system prompt every conversation shares -
+    or under `keys`."""
+    return make_request_set(
+        times=[float(i) for i in range(N)],
+        keys=keys if keys is not None else ["app/system-prompt"] * N,
+        prompt_tokens=[1000] * N,
+        output_tokens=[1] * N,
+        block_lists=[[2 * i, 2 * i + 1] for i in range(N)],
+        block_tokens=16,
+        source="one key",
+    )
+
+
+def test_a_workload_with_one_coarse_key_gets_its_knee_by_conversation() -> None:
+    # R = 5: the one key carries every request, more than a replica's share, so no key is light
+    # enough for the knee's slice; it used to stop with "too small to measure a replica's knee".
+    coarse = _one_key_conversations()
+    cfg = config(5)
+    knee, _ = find_knee(coarse, cfg)
+    # the reference: the same trace keyed by conversation (`--key-blocks session`)
+    fine = _one_key_conversations(list(session_hints(coarse)))
+    assert len(set(fine.keys)) == N
+    ref, _ = find_knee(fine, cfg)
+    assert knee == ref
+    # and it is a replica's capacity: at most 1/S (one sequence at a time, S seconds each)
+    assert 0 < knee <= 1.0031 / S
+
+
+def test_without_blocks_a_coarse_key_still_says_what_to_do() -> None:
+    one = make_request_set(
+        times=[float(i) for i in range(N)],
+        keys=["app/all"] * N,
+        prompt_tokens=[1000] * N,
+        output_tokens=[1] * N,
+        block_lists=[[] for _ in range(N)],
+        block_tokens=16,
+        source="one key, no blocks",
+    )
+    with pytest.raises(ReplayError, match=r"too small to measure a replica's knee.*--q-cap"):
+        find_knee(one, config(5))
