@@ -20,8 +20,8 @@ Steps (all deterministic for a seed; no clock - the shell times it):
   1. **knee** - the capacity of one replica: an affinity-like slice of the workload (the keys whose
      rendezvous home is one of the first R/5 replicas, none heavier than a replica's share; by
      conversation instead when the keys are too coarse for that, e.g. one system prompt shared
-     by every conversation of a trace keyed by its leading blocks) on R/5 replicas, load raised
-     until p99 leaves the SLO. It is `q_cap` unless one is given (the paper
+     by every conversation of a trace keyed by its leading blocks; by request as a last resort)
+     on R/5 replicas, load raised until p99 leaves the SLO. It is `q_cap` unless one is given (the paper
      measures q_cap the same way: the QPS where tail latency explodes). `evaluate(knee_requests=)`
      measures it on held-out requests (the CLI: the same source with seed + 1000) so that q_cap
      is not tuned on the requests it is evaluated on; without them it is measured on the
@@ -549,21 +549,24 @@ def _knee_slice(requests: RequestSet, config: EvalConfig) -> tuple[RequestSet, i
     conversations all share one system prompt: a handful of keys, each heavier than a replica's
     share), the slice is taken by conversation instead (`traces.session_hints`, what a gateway
     hashes from system prompt plus first message): the capacity of a replica whose
-    conversations stay with it, which is what the knee measures.
+    conversations stay with it, which is what the knee measures. Failing that too (one
+    conversation, or no blocks to find conversations by), by request.
     """
     r = config.sim.destinations
     g = max(1, r // 5)
     mask = _light_at_home(requests, r, g)
-    if int(mask.sum()) < _KNEE_MIN_REQUESTS and requests.block_ids.size:
-        by_session = _keyed_by_session(requests)
-        if by_session.keys != requests.keys:
-            requests = by_session
+    for rekey in (_keyed_by_session, _keyed_by_request):
+        if int(mask.sum()) >= _KNEE_MIN_REQUESTS:
+            break
+        finer = rekey(requests)
+        if len(finer.keys) > len(requests.keys):
+            requests = finer
             mask = _light_at_home(requests, r, g)
     if int(mask.sum()) < _KNEE_MIN_REQUESTS:
         raise ReplayError(
             f"the workload is too small to measure a replica's knee: fewer than "
-            f"{_KNEE_MIN_REQUESTS} requests of light keys (or conversations) fall on "
-            f"{g} of {r} replicas; pass more requests (--requests) or --q-cap"
+            f"{_KNEE_MIN_REQUESTS} of its {requests.n} requests fall on {g} of {r} replicas; "
+            "pass more requests (--requests, or a longer trace)"
         )
     return _subset(requests, mask), g
 
@@ -580,8 +583,21 @@ def _light_at_home(requests: RequestSet, r: int, g: int) -> np.ndarray[Any, np.d
     return out
 
 
+def _keyed_by_request(requests: RequestSet) -> RequestSet:
+    """The same requests, each its own key: the last resort of the knee's slice (a workload of
+    one conversation has no affinity slice; the knee is then a replica's capacity without one)."""
+    return replace(
+        requests,
+        keys=tuple(f"request-{i}" for i in range(requests.n)),
+        key_index=np.arange(requests.n, dtype=np.int64),
+        notes=(*requests.notes, "each request its own key"),
+    )
+
+
 def _keyed_by_session(requests: RequestSet) -> RequestSet:
     """The same requests with each conversation (`session_hints`) as its key."""
+    if not requests.block_ids.size:
+        return requests
     index: dict[str, int] = {}
     sessions = session_hints(requests)
     key_index = np.fromiter(

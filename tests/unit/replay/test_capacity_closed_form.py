@@ -223,15 +223,23 @@ def test_a_workload_with_one_coarse_key_gets_its_knee_by_conversation() -> None:
     assert 0 < knee <= 1.0031 / S
 
 
-def test_without_blocks_a_coarse_key_still_says_what_to_do() -> None:
-    one = make_request_set(
-        times=[float(i) for i in range(N)],
-        keys=["app/all"] * N,
-        prompt_tokens=[1000] * N,
-        output_tokens=[1] * N,
-        block_lists=[[] for _ in range(N)],
-        block_tokens=16,
-        source="one key, no blocks",
-    )
-    with pytest.raises(ReplayError, match=r"too small to measure a replica's knee.*--q-cap"):
-        find_knee(one, config(5))
+def test_without_blocks_a_coarse_key_is_sliced_by_request() -> None:
+    def one_key(n: int, keys: list[str] | None = None) -> RequestSet:
+        return make_request_set(
+            times=[float(i) for i in range(n)],
+            keys=keys if keys is not None else ["app/all"] * n,
+            prompt_tokens=[1000] * n,
+            output_tokens=[1] * n,
+            block_lists=[[] for _ in range(n)],
+            block_tokens=16,
+            source="one key, no blocks",
+        )
+
+    # no blocks, so no conversations to find: the last resort takes each request as its key
+    knee, _ = find_knee(one_key(N), config(5))
+    ref, _ = find_knee(one_key(N, [f"request-{i}" for i in range(N)]), config(5))
+    assert knee == ref
+    assert 0 < knee <= 1.0031 / S  # a replica serves one sequence at a time, S seconds each
+    # too few requests for any slice: the error says what to do
+    with pytest.raises(ReplayError, match=r"too small to measure a replica's knee.*--requests"):
+        find_knee(one_key(100), config(5))
