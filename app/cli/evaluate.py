@@ -939,6 +939,7 @@ _MOONCAKE = Path("tests/data/traces/mooncake_arxiv_1000.jsonl")
 _AZURE = Path("tests/data/traces/azure_llm_2023_conv_3000.csv")
 _CONV_TRACE = Path("tests/data/traces/conversation_mooncake_6000.jsonl")
 _DEMO_RECORDED = Path("tests/data/traces/demo_recorded_5930.jsonl")
+_CHAT_SHAPE = Path("tests/data/traces/chat_shape_6000.jsonl")
 _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     ("Whale workload", "whale", "whale", None),
     ("Paper-like workload", "paper", "paper", None),
@@ -957,6 +958,13 @@ _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
         "conv-trace-kb2",
         None,
         _CONV_TRACE,
+    ),
+    (
+        "Chat trace in the shape of public long-context chat traces (one shared system-prompt "
+        "block, a key per conversation, half of them one request; default keys)",
+        "chat-shape",
+        None,
+        _CHAT_SHAPE,
     ),
     (
         "Demo traffic recorded by real gateways (`evaluate --topic`: 40 s, 50 tenants, "
