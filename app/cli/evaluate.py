@@ -961,7 +961,7 @@ _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     ),
     (
         "Chat trace in the shape of public long-context chat traces (one shared system-prompt "
-        "block, a key per conversation, half of them one request; default keys)",
+        "block, a key per conversation, 3.5 requests each on average; default keys)",
         "chat-shape",
         None,
         _CHAT_SHAPE,

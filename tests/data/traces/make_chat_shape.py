@@ -10,7 +10,7 @@ those too:
 - ONE shared system-prompt block (id 0) in front of every request, so the first 2 blocks name a
   conversation, not a tenant: thousands of keys of a few requests each, that start and end;
 - a turn's prompt is the previous turn's prompt and answer plus a new message, so it extends the
-  history's blocks; about half the conversations are a single request;
+  history's blocks; 3.5 turns a conversation on average, a quarter of them a single request;
 - first prompts log-normal around 6k tokens (documents pasted in), p99 near 80k; answers
   log-normal around 350 tokens; think times exponential, mean 90 s;
 - arrival times in whole 3 s steps, as that trace stores them (bursts of simultaneous arrivals).
@@ -35,9 +35,10 @@ def generate(n: int, seed: int) -> list[tuple[float, int, int, list[int]]]:
     out: list[tuple[float, int, int, list[int]]] = []
     next_block = 1
     t = 0.0
-    conversations_per_s = n / 3600.0 / 2.2  # ~2.2 turns a conversation: n requests in an hour
+    conversations_per_s = n / 3600.0 / 2.2  # (3.5 turns each: n requests in about 40 minutes)
     while len(out) < n:
         t += rng.exponential(1.0 / conversations_per_s)
+        # a mix: 55% short chats (mean 2.2 turns), 45% long ones (mean 5)
         turns = int(rng.geometric(0.45)) if rng.random() < 0.55 else 1 + int(rng.geometric(0.25))
         prompt = int(min(max(rng.lognormal(np.log(6000.0), 1.1), 600.0), 120_000.0))
         history: list[int] = []
