@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import importlib
 import logging
 import signal
@@ -71,25 +70,10 @@ async def _serve(
             ) from exc
         if on_started is not None:
             await on_started()
-        _freeze_startup_objects()
         await stop.wait()
         log.warning("stopping: signal received")
     finally:
         await runner.cleanup()
-
-
-def _freeze_startup_objects() -> None:
-    """Collect once, then move everything alive after start-up (modules, the app, metrics
-    registries, the dispatcher) out of the collector's sight (`gc.freeze`).
-
-    Why: a full collection walks every tracked object, and a service holds hundreds of thousands
-    that live as long as it does; each such pass stops every request for milliseconds. Frozen
-    objects are still freed by reference counting; only cycles among them would never be, and
-    start-up leaves none that matter. (Instagram's recipe for long-running CPython services.)
-    """
-    gc.collect()
-    gc.freeze()
-    log.debug("froze %d start-up objects out of the cyclic collector", gc.get_freeze_count())
 
 
 def serve(
