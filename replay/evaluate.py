@@ -338,6 +338,9 @@ class Evaluation:
     """How the SLO in `config.slo_ms` was chosen (None: not recorded - taken as given)."""
     knee_held_out: str | None = None
     """What the knee was measured on when held out (None: on the evaluated requests)."""
+    knee_slice_by: KneeSliceBy = "key"
+    """How the knee's affinity slice was cut: by routing key (the rule), or by conversation or
+    request when the keys were too coarse for one (`_knee_slice`)."""
 
     @property
     def agree(self) -> bool:
@@ -349,6 +352,8 @@ class Evaluation:
         cfg = self.config
         slo = self.slo or SloChoice(cfg.slo_ms, auto=False)
         knee_on = self.knee_held_out or "the evaluated requests (not held out)"
+        if self.knee_slice_by != "key":
+            knee_on += f", sliced by {self.knee_slice_by} (the keys were too coarse)"
         return {
             "workload": self.workload,
             "cluster": {
@@ -374,6 +379,7 @@ class Evaluation:
                 if cfg.q_cap is not None
                 else f"{cfg.q_cap_factor:g} x the knee measured on {knee_on}",
                 "knee_held_out": self.knee_held_out is not None,
+                "knee_slice_by": self.knee_slice_by,
                 "warm_slots": cfg.warm_slots,
                 "control_intervals_per_replay": cfg.intervals,
                 "oracle_rates": cfg.oracle,
@@ -572,6 +578,18 @@ def _knee_slice(requests: RequestSet, config: EvalConfig) -> tuple[RequestSet, i
 
 
 _KNEE_MIN_REQUESTS = 50
+
+KneeSliceBy = Literal["key", "conversation", "request"]
+
+
+def knee_slice_by(requests: RequestSet, config: EvalConfig) -> KneeSliceBy:
+    """How `_knee_slice` cuts the knee's slice of `requests` (what the report says)."""
+    sub, _ = _knee_slice(requests, config)
+    if sub.notes and sub.notes[-2:-1] == ("keyed by conversation",):
+        return "conversation"
+    if sub.notes and sub.notes[-2:-1] == ("each request its own key",):
+        return "request"
+    return "key"
 
 
 def _light_at_home(requests: RequestSet, r: int, g: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -876,6 +894,7 @@ def evaluate(
         sim_requests=runner.simulated,
         slo=slo,
         knee_held_out=knee_note if knee_requests is not None else None,
+        knee_slice_by=knee_slice_by(knee_base, config),
     )
 
 

@@ -77,11 +77,14 @@ def _slo_source(ev: Evaluation) -> str:
 
 
 def _knee_source(ev: Evaluation) -> str:
-    return (
+    where = (
         f"on {ev.knee_held_out}"
         if ev.knee_held_out is not None
         else "on the evaluated requests, not held out"
     )
+    if ev.knee_slice_by != "key":
+        where += f"; its affinity slice cut by {ev.knee_slice_by}, the keys being too coarse"
+    return where
 
 
 def render_run(ev: Evaluation, plots: Mapping[str, str], *, title: str, level: int = 2) -> str:

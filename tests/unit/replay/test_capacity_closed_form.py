@@ -40,6 +40,7 @@ from cacheroute.replay.evaluate import (
     auto_slo_ms,
     evaluate,
     find_knee,
+    knee_slice_by,
 )
 from cacheroute.replay.requestset import RequestSet, make_request_set
 from cacheroute.replay.service import ServiceModel
@@ -243,3 +244,22 @@ def test_without_blocks_a_coarse_key_is_sliced_by_request() -> None:
     # too few requests for any slice: the error says what to do
     with pytest.raises(ReplayError, match=r"too small to measure a replica's knee.*--requests"):
         find_knee(one_key(100), config(5))
+
+
+def test_the_report_says_how_the_knee_slice_was_cut() -> None:
+    coarse = evaluate(_one_key_conversations(), config(5))
+    assert coarse.knee_slice_by == "conversation"
+    plan = coarse.to_dict()["plan"]
+    assert plan["knee_slice_by"] == "conversation"
+    assert plan["q_cap_source"].endswith("sliced by conversation (the keys were too coarse)")
+    assert knee_slice_by(evenly_spaced(), config(5)) == "key"  # a key per request: the rule
+    no_blocks = make_request_set(
+        times=[float(i) for i in range(N)],
+        keys=["app/all"] * N,
+        prompt_tokens=[1000] * N,
+        output_tokens=[1] * N,
+        block_lists=[[] for _ in range(N)],
+        block_tokens=16,
+        source="one key, no blocks",
+    )
+    assert knee_slice_by(no_blocks, config(5)) == "request"
