@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -549,32 +549,10 @@ def find_knee(
 
 
 def _knee_slice(requests: RequestSet, config: EvalConfig) -> tuple[RequestSet, int]:
-    """The knee's affinity-like slice and its replica count g = R/5 (module docstring, step 1).
-
-    When the routing keys are too coarse to give one (a trace keyed by leading blocks whose
-    conversations all share one system prompt: a handful of keys, each heavier than a replica's
-    share), the slice is taken by conversation instead (`traces.session_hints`, what a gateway
-    hashes from system prompt plus first message): the capacity of a replica whose
-    conversations stay with it, which is what the knee measures. Failing that too (one
-    conversation, or no blocks to find conversations by), by request.
-    """
-    r = config.sim.destinations
-    g = max(1, r // 5)
-    mask = _light_at_home(requests, r, g)
-    for rekey in (_keyed_by_session, _keyed_by_request):
-        if int(mask.sum()) >= _KNEE_MIN_REQUESTS:
-            break
-        finer = rekey(requests)
-        if len(finer.keys) > len(requests.keys):
-            requests = finer
-            mask = _light_at_home(requests, r, g)
-    if int(mask.sum()) < _KNEE_MIN_REQUESTS:
-        raise ReplayError(
-            f"the workload is too small to measure a replica's knee: fewer than "
-            f"{_KNEE_MIN_REQUESTS} of its {requests.n} requests fall on {g} of {r} replicas; "
-            "pass more requests (--requests, or a longer trace)"
-        )
-    return _subset(requests, mask), g
+    """The knee's affinity-like slice and its replica count g = R/5 (module docstring, step 1);
+    how it is cut: `_slice_mask`."""
+    keyed, mask, g, _ = _slice_mask(requests, config)
+    return _subset(keyed, mask), g
 
 
 _KNEE_MIN_REQUESTS = 50
@@ -584,12 +562,43 @@ KneeSliceBy = Literal["key", "conversation", "request"]
 
 def knee_slice_by(requests: RequestSet, config: EvalConfig) -> KneeSliceBy:
     """How `_knee_slice` cuts the knee's slice of `requests` (what the report says)."""
-    sub, _ = _knee_slice(requests, config)
-    if sub.notes and sub.notes[-2:-1] == ("keyed by conversation",):
-        return "conversation"
-    if sub.notes and sub.notes[-2:-1] == ("each request its own key",):
-        return "request"
-    return "key"
+    return _slice_mask(requests, config)[3]
+
+
+def _slice_mask(
+    requests: RequestSet, config: EvalConfig
+) -> tuple[RequestSet, np.ndarray[Any, np.dtype[np.bool_]], int, KneeSliceBy]:
+    """(the requests as keyed for the slice, the slice's mask over them, g = R/5, what keyed them).
+
+    When the routing keys are too coarse to give a slice (a trace keyed by leading blocks whose
+    conversations all share one system prompt: a handful of keys, each heavier than a replica's
+    share), the slice is taken by conversation instead (`traces.session_hints`, what a gateway
+    hashes from system prompt plus first message): the capacity of a replica whose
+    conversations stay with it, which is what the knee measures. Failing that too (one
+    conversation, or no blocks to find conversations by), by request.
+    """
+    r = config.sim.destinations
+    g = max(1, r // 5)
+    by: KneeSliceBy = "key"
+    mask = _light_at_home(requests, r, g)
+    rekeys: tuple[tuple[Callable[[RequestSet], RequestSet], KneeSliceBy], ...] = (
+        (_keyed_by_session, "conversation"),
+        (_keyed_by_request, "request"),
+    )
+    for rekey, kind in rekeys:
+        if int(mask.sum()) >= _KNEE_MIN_REQUESTS:
+            break
+        finer = rekey(requests)
+        if len(finer.keys) > len(requests.keys):
+            requests, by = finer, kind
+            mask = _light_at_home(requests, r, g)
+    if int(mask.sum()) < _KNEE_MIN_REQUESTS:
+        raise ReplayError(
+            f"the workload is too small to measure a replica's knee: fewer than "
+            f"{_KNEE_MIN_REQUESTS} of its {requests.n} requests fall on {g} of {r} replicas; "
+            "pass more requests (--requests, or a longer trace)"
+        )
+    return requests, mask, g, by
 
 
 def _light_at_home(requests: RequestSet, r: int, g: int) -> np.ndarray[Any, np.dtype[np.bool_]]:
