@@ -20,7 +20,13 @@ from cacheroute.replay.diagnostic import diagnose, uncached_work
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
-from cacheroute.replay.traces import MOONCAKE_BLOCK_TOKENS, SESSION_KEYS, TraceFormat, read_trace
+from cacheroute.replay.traces import (
+    MOONCAKE_BLOCK_TOKENS,
+    SESSION_KEYS,
+    TraceFormat,
+    read_trace,
+    require_arrivals,
+)
 from cacheroute.replay.workloads import WorkloadKind, generate, spec_for
 
 __all__ = [
@@ -126,6 +132,7 @@ def load_source(spec: SourceSpec) -> RequestSet:
         raise ReplayError("give exactly one of a workload kind, a trace file or recorded requests")
     if spec.recorded is not None:
         base = spec.recorded
+        require_arrivals(base, "the recorded requests")
         copies = spec.tile if spec.tile is not None else max(1, math.ceil(spec.requests / base.n))
         return base.tiled(copies, rng) if copies > 1 else base
     if spec.workload is not None:

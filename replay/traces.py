@@ -45,6 +45,7 @@ __all__ = [
     "read_generic",
     "read_mooncake",
     "read_trace",
+    "require_arrivals",
 ]
 
 TraceFormat = Literal["mooncake", "azure", "csv"]
@@ -64,11 +65,13 @@ def read_trace(
     prefix_tokens: float = 1024.0,
     block_tokens: int = 512,
 ) -> RequestSet:
-    """Read `path` in format `fmt` (see the module docstring for each format's options)."""
+    """Read `path` in format `fmt` (see the module docstring for each format's options).
+
+    Refuses a trace whose requests all carry the same timestamp (`require_arrivals`)."""
     if fmt == "mooncake":
-        return read_mooncake(path, key_blocks=key_blocks, limit=limit)
-    if fmt == "azure":
-        return read_azure(
+        out = read_mooncake(path, key_blocks=key_blocks, limit=limit)
+    elif fmt == "azure":
+        out = read_azure(
             path,
             rng,
             keys=keys,
@@ -76,9 +79,29 @@ def read_trace(
             block_tokens=block_tokens,
             limit=limit,
         )
-    if fmt == "csv":
-        return read_generic(path, block_tokens=block_tokens, limit=limit)
-    raise ReplayError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
+    elif fmt == "csv":
+        out = read_generic(path, block_tokens=block_tokens, limit=limit)
+    else:
+        raise ReplayError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
+    require_arrivals(out, str(path))
+    return out
+
+
+def require_arrivals(requests: RequestSet, what: str) -> None:
+    """Raise `ReplayError` when more than one request arrives and all at the same instant.
+
+    Every replay rescales time to reach an offered load (req/s = requests / duration), so a
+    trace without an arrival process has no load to rescale: it used to run as one burst of
+    every request within a second and report meaningless capacities (an SLO of minutes, a
+    16x "win"). A trace whose times are coarse (whole seconds, 3 s steps) is fine.
+    """
+    if requests.n > 1 and requests.duration <= 0:
+        t = float(requests.times[0]) if requests.n else 0.0
+        raise ReplayError(
+            f"{what}: all {requests.n:,} requests have the same timestamp ({t * 1000:.0f} ms), "
+            "so there is no arrival rate to replay or rescale; give each request its arrival "
+            "time (Mooncake `timestamp` in ms, Azure `TIMESTAMP`, generic `ts` in seconds)"
+        )
 
 
 def _lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:

@@ -96,6 +96,39 @@ def test_bad_lines_name_the_file_and_line(tmp_path: Path) -> None:
         read_mooncake(path)
 
 
+def test_a_trace_without_an_arrival_process_is_refused_by_name(tmp_path: Path) -> None:
+    # every request at the same instant: no rate to rescale, so no load sweep can mean anything
+    line = '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n'
+    same = tmp_path / "same.jsonl"
+    same.write_text(line * 3, encoding="utf-8")
+    with pytest.raises(ReplayError, match=r"same\.jsonl: all 3 requests have the same timestamp"):
+        load_source(SourceSpec(trace=same, fmt="mooncake", requests=3))
+    # one request is not an arrival process either, but it is not refused here (nothing to
+    # rescale is wrong yet); coarse times that differ at least once are a real trace
+    one = tmp_path / "one.jsonl"
+    one.write_text(line, encoding="utf-8")
+    assert load_source(SourceSpec(trace=one, fmt="mooncake", requests=1)).n == 1
+    coarse = tmp_path / "coarse.jsonl"
+    coarse.write_text(line * 2 + line.replace('"timestamp": 5', '"timestamp": 3005'), "utf-8")
+    q = load_source(SourceSpec(trace=coarse, fmt="mooncake", requests=3))
+    assert q.duration == pytest.approx(3.0)
+
+
+def test_recorded_requests_all_at_one_instant_are_refused() -> None:
+    times = np.zeros(4)
+    rs = make_request_set(
+        times=times,
+        keys=["k"] * 4,
+        prompt_tokens=[100] * 4,
+        output_tokens=[1] * 4,
+        block_lists=[[1, 2]] * 4,
+        block_tokens=16,
+        source="recorded",
+    )
+    with pytest.raises(ReplayError, match="the recorded requests: all 4 requests"):
+        load_source(SourceSpec(recorded=rs, requests=4))
+
+
 def test_session_keys_follow_conversations_and_group_them_by_shared_prefix() -> None:
     # tenant A: system prompt blocks 1, 2; conversations X (own blocks 10..) and Y (20..)
     # tenant B: system prompt block 5; conversations Z (30..), V (40) and W, whose first turn is
