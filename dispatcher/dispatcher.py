@@ -86,6 +86,9 @@ class DispatcherConfig:
     spill_home: bool = False
     """Set only when this is the cluster's one gateway: a planned key balances between its
     planned destination and its spill home (`Router.spill_home`)."""
+    context_home: bool = False
+    """Set only when this is the cluster's one gateway: a key new in the live plan stays where
+    its context is cached while that is the cheaper choice (`Router.context_home`)."""
     switch_interval_s: float | None = 0.0005
     """Python's thread switch interval while this dispatcher runs (`start()`, `follow()`): a
     table built in the background holds the GIL until the interpreter hands it over, which it
@@ -174,6 +177,7 @@ class Dispatcher:
             unit_tokens=self.config.unit_tokens,
             context_slack=self.config.context_slack,
             spill_home=self.config.spill_home,
+            context_home=self.config.context_home,
             cache_tokens=self.config.cache_tokens,
         )
         self.clock = clock
@@ -281,7 +285,7 @@ class Dispatcher:
                 yield_every=self.config.build_yield_every,
                 pause=_Paced(_yield_gil),
             )
-            self.router.table = table  # the swap: one reference assignment
+            self.router.install(table)  # the swap: one reference assignment
             self.swaps += 1
             if control_interval_s is not None:
                 self._interval_s = control_interval_s

@@ -159,6 +159,10 @@ class EvalConfig:
     spill_home: bool | None = None
     """cacheroute's gateways balance a planned key between its planned destination and its spill
     home (`Router.spill_home`); None: when there is one gateway (the only case it is for)."""
+    context_home: bool | None = None
+    """cacheroute's gateways send a key new in the live plan where its context is cached while
+    that is the cheaper choice (`Router.context_home`); None: when there is one gateway (the
+    only case it is for, as `spill_home`)."""
     reported_cost: bool = True
     """cacheroute's planner weighs keys by the uncached tokens the engines reported for their
     finished requests (`PlanConfig.reported_cost`); False: by the declared reusable prefix."""
@@ -203,6 +207,13 @@ class EvalConfig:
         """Whether cacheroute's gateways use their spill homes: as set, else at one gateway."""
         if self.spill_home is not None:
             return self.spill_home
+        return self.fleet.gateways == 1
+
+    @property
+    def resolved_context_home(self) -> bool:
+        """Whether cacheroute's gateways use context homes: as set, else at one gateway."""
+        if self.context_home is not None:
+            return self.context_home
         return self.fleet.gateways == 1
 
     @property
@@ -395,6 +406,7 @@ class Evaluation:
                 "plan_on_work": cfg.plan_on_work,
                 "keep_homes": cfg.keep_homes,
                 "spill_home": cfg.resolved_spill_home,
+                "context_home": cfg.resolved_context_home,
                 "plan_cost": "reported" if cfg.reported_cost else "declared",
                 "cache_aware": cfg.resolved_cache_aware,
                 "session_hints": cfg.session_hints,
@@ -497,6 +509,7 @@ class _Runner:
             plan_on_work=self.cfg.plan_on_work,
             keep_homes=self.cfg.keep_homes,
             spill_home=self.cfg.resolved_spill_home,
+            context_home=self.cfg.resolved_context_home,
             cache_aware=self.cfg.resolved_cache_aware,
             reported_cost=self.cfg.reported_cost,
         )

@@ -88,6 +88,7 @@ class _Planned(Policy):
             unit_tokens=cfg.work_unit_tokens or DEFAULT_UNIT_TOKENS,
             context_slack=cfg.context_slack and self.extensions,
             spill_home=cfg.spill_home and self.extensions,
+            context_home=cfg.context_home and self.extensions,
             cache_tokens=ctx.service.cache_tokens if cfg.cache_aware and self.extensions else None,
         )
         self.inflight = self.router.inflight
@@ -232,7 +233,7 @@ class _Planned(Policy):
 
     def install(self, table: RoutingTable) -> None:
         """Swap this gateway's routing table (what `Dispatcher.apply_plan` does on a new plan)."""
-        self.router.table = table
+        self.router.install(table)
 
     def _build(
         self, keys: list[str], rates: FloatArray, t: float, homes: IntArray | None = None

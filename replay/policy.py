@@ -97,6 +97,9 @@ class PlanConfig:
     spill_home: bool = False
     """cacheroute's gateways send a planned key to the less loaded of its planned destination
     and its spill home (`Router.spill_home`: for a gateway that sees all the traffic)."""
+    context_home: bool = False
+    """cacheroute's gateways send a key new in the live plan where its context is cached while
+    that is the cheaper choice (`Router.context_home`: for a gateway that sees all the traffic)."""
     reported_cost: bool = True
     """cacheroute's planner weighs a key by the uncached tokens the engines reported for its
     finished requests, as the planner service does from the gateways' usage reports

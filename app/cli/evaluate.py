@@ -414,6 +414,15 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "gateway only.",
 )
 @click.option(
+    "--context-home",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="cacheroute: a key new in the live plan stays where its gateway sent its conversation "
+    "last (its history is cached there) while that is the cheaper choice (for a gateway that "
+    "sees all the traffic); auto: on at one gateway only.",
+)
+@click.option(
     "--cache-aware",
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
@@ -707,6 +716,7 @@ def _make_run(
             plan_on_work=opts.plan_on_work,
             keep_homes=opts.keep_homes,
             spill_home=None if opts.spill_home == "auto" else opts.spill_home == "on",
+            context_home=None if opts.context_home == "auto" else opts.context_home == "on",
             reported_cost=opts.plan_cost == "reported",
             cache_aware=None if opts.cache_aware == "auto" else opts.cache_aware == "on",
             work_unit_tokens=opts.work_unit_tokens or None,
@@ -888,6 +898,7 @@ class EvaluateOptions:
     plan_on_work: bool
     keep_homes: bool
     spill_home: str
+    context_home: str
     cache_aware: str
     plan_cost: str
     cluster_sizes: str | None

@@ -83,7 +83,8 @@ def _config_help() -> str:
     "--sole-gateway",
     is_flag=True,
     help="This is the cluster's only gateway: its in-flight counts are the backends' real loads, "
-    "so a planned key may balance between its planned backend and where it last spilled.",
+    "so a planned key may balance between its planned backend and where it last spilled, and "
+    "a conversation the new plan admits stays where its history is cached while that is cheaper.",
 )
 @click.option(
     "--cache-tokens",

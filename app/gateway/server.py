@@ -44,6 +44,7 @@ class Gateway:
             [b.name for b in config.backends],
             DispatcherConfig(
                 spill_home=config.sole_gateway,
+                context_home=config.sole_gateway,
                 cache_tokens=(config.cache_tokens or None) if config.sole_gateway else None,
             ),
         )

@@ -401,3 +401,47 @@ def test_without_spill_home_a_spilled_key_returns_to_its_plan() -> None:
     assert r.route("solo") != "d1"  # still past both bounds: spilled again, never a home
     assert r.counts[RouteKind.SPILL_HOME] == 0
     assert r.counts[RouteKind.SPILLED] == 2
+
+
+def test_context_home_keeps_a_newly_admitted_conversation_where_its_history_is() -> None:
+    r = Router(NAMES, rng=random.Random(1), context_home=True)
+    r.install(build_table(1, 0, [("other", ["d0"])], NAMES, NAMES))
+    # "conv" is not admitted: the cold path sends it to its ring's first destination (all idle),
+    # and its 4096-token prompt is its context there: 4096 // 512 = 8 units of slack.
+    cold = r.route("conv")
+    assert cold == _ring_order("conv", NAMES)[0]
+    c = r.index[cold]
+    r.work_units("conv", c, 4096)
+    planned = next(d for d in NAMES if d != cold)
+    p = r.index[planned]
+    r.install(build_table(2, 0, [("other", ["d0"]), ("conv", [planned])], NAMES, NAMES))
+    assert r.previous_table is not None
+    assert r.previous_table.version == 1
+    # Newly admitted: its context home at 7 units less 8 of slack (-1) beats the plan's 0.
+    r.acquire(c, 7)
+    assert r.route("conv") == cold
+    assert r.counts[RouteKind.CONTEXT_HOME] == 1
+    # At 8 units (8 - 8 = 0, not below 0) the plan's destination takes it.
+    r.acquire(c, 1)
+    assert r.route("conv") == planned
+    assert r.counts[RouteKind.PLAN] == 1
+    # The next plan keeps it: no longer new, so the plan's destination even while the context
+    # home would be cheaper.
+    r.release(c, 8)
+    r.acquire(p, 3)
+    r.install(build_table(3, 0, [("other", ["d0"]), ("conv", [planned])], NAMES, NAMES))
+    assert r.route("conv") == planned
+    assert r.counts[RouteKind.CONTEXT_HOME] == 1
+
+
+def test_without_context_home_a_newly_admitted_key_follows_its_plan() -> None:
+    r = Router(NAMES, rng=random.Random(1))
+    r.install(build_table(1, 0, [("other", ["d0"])], NAMES, NAMES))
+    cold = r.route("conv")
+    r.work_units("conv", r.index[cold], 4096)
+    planned = next(d for d in NAMES if d != cold)
+    r.install(build_table(2, 0, [("conv", [planned])], NAMES, NAMES))
+    assert r.previous_table is None  # no reference kept to the table it replaced
+    r.acquire(r.index[planned], 3)
+    assert r.route("conv") == planned
+    assert r.counts[RouteKind.CONTEXT_HOME] == 0

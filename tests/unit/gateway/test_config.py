@@ -105,7 +105,7 @@ def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
         load_file(path)
 
 
-def test_sole_gateway_turns_on_the_dispatchers_spill_home() -> None:
+def test_sole_gateway_turns_on_the_dispatchers_spill_and_context_homes() -> None:
     from cacheroute.gateway.server import Gateway  # noqa: PLC0415 - aiohttp
     from cacheroute.settings import Settings  # noqa: PLC0415
 
@@ -118,6 +118,7 @@ def test_sole_gateway_turns_on_the_dispatchers_spill_home() -> None:
         gw = Gateway(config, Settings())
         try:
             assert gw.dispatcher.router.spill_home is expected
+            assert gw.dispatcher.router.context_home is expected
         finally:
             gw.close()
 

@@ -346,6 +346,21 @@ def test_spill_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
     assert CacheRoute(ctx_for(q)).router.spill_home is False
 
 
+def test_context_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
+    """As spill homes: on at one gateway, off in a fleet unless told, cacheroute's Router only."""
+    from cacheroute.replay.evaluate import EvalConfig  # noqa: PLC0415
+
+    assert EvalConfig().resolved_context_home is True
+    assert EvalConfig(fleet=FleetConfig(gateways=4)).resolved_context_home is False
+    assert EvalConfig(fleet=FleetConfig(gateways=4), context_home=True).resolved_context_home
+    assert EvalConfig(context_home=False).resolved_context_home is False
+    q = _two_requests()
+    ctx = ctx_for(q, context_home=True)
+    assert CacheRoute(ctx).router.context_home is True
+    assert PaperLPT(ctx).router.context_home is False
+    assert CacheRoute(ctx_for(q)).router.context_home is False
+
+
 def test_cache_awareness_reaches_cacheroutes_gateways_only_where_asked() -> None:
     """As spill homes: on at one gateway (its counts are every insert into each replica's
     cache), off in a fleet unless told; the Router then gets the replica's KV capacity."""
