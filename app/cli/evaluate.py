@@ -1123,6 +1123,15 @@ _SUITE = (
         ),
     ),
     _Case(
+        "Chat-shaped trace, G = 1, without context homes (what they buy at one gateway)",
+        "chat_g1_no_context_home",
+        trace=_CHAT_SHAPE,
+        options=(
+            ("context_home", "off", "--context-home off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
         "Conversation workload, G = 1, without cache awareness (what estimating evicted contexts "
         "from the replicas' KV capacity buys at one gateway)",
         "conversation_g1_no_cache_aware",
