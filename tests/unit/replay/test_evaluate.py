@@ -154,7 +154,7 @@ def test_report_and_checks_are_computed(small_eval: Evaluation, tmp_path: Path) 
     checks = evidence_checks(small_eval, None)
     assert {c.claim.split(":")[0] for c in checks} == {"whale"}
     cr = small_eval.policies["cacheroute"]
-    for value, holds in ((1.10, True), (1.15, True), (1.30, False)):
+    for value, holds in ((1.10, True), (1.15, True), (1.1503, False), (1.30, False)):
         ref = dataclasses.replace(cr.at_reference, max_over_mean_prefill=value)
         ev = dataclasses.replace(
             small_eval,
@@ -165,7 +165,7 @@ def test_report_and_checks_are_computed(small_eval: Evaluation, tmp_path: Path) 
         )
         prefill = next(c for c in evidence_checks(ev, None) if "prefill max/mean" in c.claim)
         assert prefill.holds is holds
-        assert prefill.measured.startswith(f"{value:.2f} at the reference load")
+        assert prefill.measured.startswith(f"{value:.3f} at the reference load")
     doc = render_evidence(
         [EvidenceRun("Tiny", small_eval, {}, "cacheroute evaluate ...")],
         checks,
