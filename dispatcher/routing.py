@@ -33,6 +33,11 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   (before admission too) scattered conversations there (KV hit rate 0.65 -> 0.58 at 16
   gateways); homes from spills alone changed nothing at 16 gateways (29.5 req/s either way:
   spills are rare below the floor), so it stays off unless the gateway is the only one;
+- with `context_home` (off by default; for a sole gateway too): a single-replica key that the
+  live plan admits and the previous one did not goes where this gateway sent its conversation
+  last, while that is less loaded less the context's slack, counted as `context_home`: a
+  conversation admitted while it runs keeps its history instead of recomputing it where the
+  plan placed it by load (see the field for what it measured);
 - any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
   no plan yet, or a plan older than the staleness limit -> the **cold path** (`cold_affinity`, our
   extension), which gives every key a home without coordination between gateways:
