@@ -202,26 +202,25 @@ class EvalConfig:
         if self.fair_share is not None and not self.fair_share > 0.0:
             raise ReplayError("fair_share must be > 0 (or None: the paper's k_b rule)")
 
+    def _sole_gateway_rule(self, setting: bool | None) -> bool:
+        """A rule that needs a gateway's view to be the whole cluster's: as set, else on at one
+        gateway only."""
+        return setting if setting is not None else self.fleet.gateways == 1
+
     @property
     def resolved_spill_home(self) -> bool:
         """Whether cacheroute's gateways use their spill homes: as set, else at one gateway."""
-        if self.spill_home is not None:
-            return self.spill_home
-        return self.fleet.gateways == 1
+        return self._sole_gateway_rule(self.spill_home)
 
     @property
     def resolved_context_home(self) -> bool:
         """Whether cacheroute's gateways use context homes: as set, else at one gateway."""
-        if self.context_home is not None:
-            return self.context_home
-        return self.fleet.gateways == 1
+        return self._sole_gateway_rule(self.context_home)
 
     @property
     def resolved_cache_aware(self) -> bool:
         """Whether cacheroute's gateways estimate eviction: as set, else at one gateway."""
-        if self.cache_aware is not None:
-            return self.cache_aware
-        return self.fleet.gateways == 1
+        return self._sole_gateway_rule(self.cache_aware)
 
 
 @dataclass(frozen=True, slots=True)

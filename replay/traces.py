@@ -96,9 +96,9 @@ def require_arrivals(requests: RequestSet, what: str) -> None:
     16x "win"). A trace whose times are coarse (whole seconds, 3 s steps) is fine.
     """
     if requests.n > 1 and requests.duration <= 0:
-        t = float(requests.times[0]) if requests.n else 0.0
         raise ReplayError(
-            f"{what}: all {requests.n:,} requests have the same timestamp ({t * 1000:.0f} ms), "
+            f"{what}: all {requests.n:,} requests have the same timestamp "
+            f"({float(requests.times[0]) * 1000:.0f} ms), "
             "so there is no arrival rate to replay or rescale; give each request its arrival "
             "time (Mooncake `timestamp` in ms, Azure `TIMESTAMP`, generic `ts` in seconds)"
         )

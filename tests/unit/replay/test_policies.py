@@ -329,36 +329,25 @@ def _two_requests() -> RequestSet:
     )
 
 
-def test_spill_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
-    """The evaluator turns spill homes on at one gateway (its counts are the real loads) and off
-    in a fleet, unless told; only cacheroute's Router gets it (the ablation steps run the
-    paper's dispatch)."""
+@pytest.mark.parametrize("rule", ["spill_home", "context_home"])
+def test_sole_gateway_homes_reach_cacheroutes_gateways_only_where_asked(rule: str) -> None:
+    """The evaluator turns spill and context homes on at one gateway (its counts are the real
+    loads) and off in a fleet, unless told; only cacheroute's Router gets them (the ablation
+    steps run the paper's dispatch)."""
     from cacheroute.replay.evaluate import EvalConfig  # noqa: PLC0415
 
-    assert EvalConfig().resolved_spill_home is True
-    assert EvalConfig(fleet=FleetConfig(gateways=4)).resolved_spill_home is False
-    assert EvalConfig(fleet=FleetConfig(gateways=4), spill_home=True).resolved_spill_home is True
-    assert EvalConfig(spill_home=False).resolved_spill_home is False
+    def resolved(**kw: object) -> object:
+        return getattr(EvalConfig(**kw), f"resolved_{rule}")  # type: ignore[arg-type]
+
+    assert resolved() is True
+    assert resolved(fleet=FleetConfig(gateways=4)) is False
+    assert resolved(fleet=FleetConfig(gateways=4), **{rule: True}) is True
+    assert resolved(**{rule: False}) is False
     q = _two_requests()
-    ctx = ctx_for(q, spill_home=True)
-    assert CacheRoute(ctx).router.spill_home is True
-    assert PaperLPT(ctx).router.spill_home is False
-    assert CacheRoute(ctx_for(q)).router.spill_home is False
-
-
-def test_context_home_reaches_cacheroutes_gateways_only_where_asked() -> None:
-    """As spill homes: on at one gateway, off in a fleet unless told, cacheroute's Router only."""
-    from cacheroute.replay.evaluate import EvalConfig  # noqa: PLC0415
-
-    assert EvalConfig().resolved_context_home is True
-    assert EvalConfig(fleet=FleetConfig(gateways=4)).resolved_context_home is False
-    assert EvalConfig(fleet=FleetConfig(gateways=4), context_home=True).resolved_context_home
-    assert EvalConfig(context_home=False).resolved_context_home is False
-    q = _two_requests()
-    ctx = ctx_for(q, context_home=True)
-    assert CacheRoute(ctx).router.context_home is True
-    assert PaperLPT(ctx).router.context_home is False
-    assert CacheRoute(ctx_for(q)).router.context_home is False
+    ctx = ctx_for(q, **{rule: True})
+    assert getattr(CacheRoute(ctx).router, rule) is True
+    assert getattr(PaperLPT(ctx).router, rule) is False
+    assert getattr(CacheRoute(ctx_for(q)).router, rule) is False
 
 
 def test_cache_awareness_reaches_cacheroutes_gateways_only_where_asked() -> None:
