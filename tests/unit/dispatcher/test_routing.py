@@ -392,6 +392,34 @@ def test_spill_home_takes_a_spilled_key_to_the_less_loaded_of_its_two_homes() ->
     assert r.route("solo") == home
 
 
+def test_spill_homes_spread_over_each_keys_two_ring_candidates() -> None:
+    """Two planned keys on d0 whose rings start at the same destination: the first key spilled
+    takes it as its home, the second takes its own second candidate, the less used one."""
+    names = [f"d{i}" for i in range(8)]
+    by_first: dict[str, list[str]] = {}
+    for i in range(2000):
+        order = _ring_order(f"k{i}", names)
+        if order[0] != "d0" and order[1] != "d0":
+            by_first.setdefault(order[0], []).append(f"k{i}")
+    a, b = next(ks[:2] for ks in by_first.values() if len(ks) >= 2)
+    second_b = _ring_order(b, names)[1]
+    r = Router(names, rng=random.Random(1), spill_min_inflight=4, spill_home=True)
+    r.table = build_table(1, 0, [(a, ["d0"]), (b, ["d0"])], names, names)
+    for _ in range(4):  # d0 past both spill bounds; everything else idle
+        r.acquire(0)
+    first = _ring_order(a, names)[0]
+    assert r.route(a) == first  # a's first candidate: no homes anywhere yet
+    assert r.route(b) == second_b  # b's first candidate is a's home: its second instead
+    assert r.counts[RouteKind.SPILLED] == 2
+    # both remembered as homes: with d0 idle again each key goes to the less loaded of its two
+    r.release(0, 4)
+    r.acquire(r.index[first], 2)
+    assert r.route(a) == "d0"
+    r.acquire(0, 3)
+    assert r.route(b) == second_b
+    assert r.counts[RouteKind.SPILL_HOME] == 1
+
+
 def test_without_spill_home_a_spilled_key_returns_to_its_plan() -> None:
     r = Router(NAMES, rng=random.Random(1), spill_min_inflight=4)
     r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
