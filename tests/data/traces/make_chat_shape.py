@@ -16,6 +16,14 @@ those too:
 - arrival times in whole 3 s steps, as that trace stores them (bursts of simultaneous arrivals).
 
 Deterministic for a seed. Not a copy of any trace: only its published shape.
+
+`--style sampled` writes a variant closer to what two slices of Mooncake's conversation trace
+show (read in the public repository, not copied): a prompt's last, partial block has an id of its
+own, as block hashing gives it (so a short prompt is two blocks, 0 and its own); about 35% of
+requests continue a conversation (mean 1.6 requests each; some run to 9 turns); think times
+log-normal around 150 s; a turn's new message log-normal around 250 tokens with a heavy tail
+(documents pasted in later turns). Not in the evidence; `cacheroute evaluate --trace` it to see
+how the routers do where most requests start a conversation.
 """
 
 from __future__ import annotations
@@ -57,13 +65,54 @@ def generate(n: int, seed: int) -> list[tuple[float, int, int, list[int]]]:
     return out[:n]
 
 
+def generate_sampled(n: int, seed: int) -> list[tuple[float, int, int, list[int]]]:
+    """`--style sampled` (see the module docstring): `n` requests of conversations that start
+    over 75 minutes, by arrival time."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[float, int, int, list[int]]] = []
+    next_block = 1
+    t = 0.0
+    conversations_per_s = n / 3600.0 / 1.65
+    while t < 4500.0:
+        t += rng.exponential(1.0 / conversations_per_s)
+        # 75% short (mean 1.25 requests), 25% long (mean 3)
+        turns = int(rng.geometric(0.8)) if rng.random() < 0.75 else int(rng.geometric(0.33))
+        prompt = int(min(max(rng.lognormal(np.log(5000.0), 1.25), 880.0), 126_000.0))
+        full_ids: list[int] = []  # ids of the history's whole blocks (index 0: the shared one)
+        at, answer = t, 0
+        for k in range(turns):
+            if k:
+                message = int(min(rng.lognormal(np.log(250.0), 1.6), 60_000.0))
+                prompt = min(prompt + answer + message, 128_000)
+            full = prompt // BLOCK
+            need = max(0, full - len(full_ids))
+            full_ids = full_ids[:full] + list(range(next_block, next_block + need))
+            next_block += need
+            ids = [0, *full_ids[1:full]]
+            if prompt % BLOCK:  # the partial last block: its own id, never reused
+                ids.append(next_block)
+                next_block += 1
+            answer = int(min(2000.0, max(1.0, rng.lognormal(np.log(300.0), 1.0))))
+            out.append((at, prompt, answer, ids))
+            at += rng.lognormal(np.log(150.0), 0.8)
+    out.sort(key=lambda r: r[0])
+    return out[:n]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=6000)
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("chat_shape_6000.jsonl"))
+    ap.add_argument(
+        "--style",
+        choices=["chat", "sampled"],
+        default="chat",
+        help="chat: the evidence's trace; sampled: closer to slices of Mooncake's trace",
+    )
     args = ap.parse_args()
-    rows = generate(args.requests, args.seed)
+    make = generate_sampled if args.style == "sampled" else generate
+    rows = make(args.requests, args.seed)
     t0 = rows[0][0]
     with args.out.open("w") as f:
         for at, prompt, answer, blocks in rows:
