@@ -26,10 +26,11 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   loaded of its planned destination and its spill home (where the last spill went), each less
   the key's context slack, counted as `spill_home`; a key's first spill takes as its home the
   one of its two consistent cold candidates that fewer keys already use, so homes spread (see
-  `_new_home`). The key then has a second warm replica on demand, as a prefix-matching router grows one, and its conversations stay where their
-  history is (measured on the long-context conversation trace with default keys at one
-  gateway: 37.9 -> 42.5 req/s of SLO capacity; 41.6 -> 43.5 with `cache_tokens` on as well,
-  docs/EVALUATION.md `conv-trace_kb2_g1_no_spill_home`). It relies on in-flight counts that are the destinations'
+  `_new_home`). The key then has a second warm replica on demand, as a prefix-matching router
+  grows one, and its conversations stay where their history is (measured on the long-context
+  conversation trace with default keys at one gateway: 37.9 -> 42.5 req/s of SLO capacity;
+  41.6 -> 43.5 with `cache_tokens` and `context_home` on as well, docs/EVALUATION.md
+  `conv-trace_kb2_g1_no_spill_home`). It relies on in-flight counts that are the destinations'
   real loads; with G gateways each count is a 1/G sample. Homes taken from every cold placement
   (before admission too) scattered conversations there (KV hit rate 0.65 -> 0.58 at 16
   gateways); homes from spills alone changed nothing at 16 gateways (29.5 req/s either way:
