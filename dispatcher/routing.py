@@ -527,16 +527,10 @@ class Router:
         """
         h = ring_hash(key)
         start = bisect.bisect_left(self._ring_points, h)
-        first, second = self._group_top2(key, h)
-        if first < 0:
-            first, second = self._ring_top2(start)
+        first, second = self._two_candidates(key, h, start)
         homes = self._home_keys
         d = second if second >= 0 and homes[second] < homes[first] else first
-        live = self.live
-        if not live or not self.up[d]:
-            return -1
-        bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
-        if self.inflight[d] >= bound:
+        if not self.live or not self.up[d] or self.inflight[d] >= self._cold_bound():
             return -1
         if len(self._cold_start) >= _COLD_CACHE_KEYS:
             self._cold_start.clear()
@@ -657,8 +651,7 @@ class Router:
         live = self.live
         if not self.cold_affinity or not live:
             return self._p2c()
-        # a destination may take the key while below ceil(c * (in flight + 1) / live)
-        bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
+        bound = self._cold_bound()
         seen = self._cold_start.get(key)
         if seen is None:
             if len(self._cold_start) >= _COLD_CACHE_KEYS:
@@ -674,16 +667,19 @@ class Router:
         self._cold_start[key] = (start, d, h)
         return d
 
+    def _cold_bound(self) -> int:
+        """CHWBL's bound on the cold path: a destination may take a cold key while its load is
+        below ceil(`cold_load_factor` x (in flight + 1) / live destinations). Needs a live one."""
+        return math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(self.live))
+
     def _cold_place(self, key: str, h: int, start: int, bound: int, *, fresh: bool) -> int:
         """Where a cold key goes: its group's choice, else the first ring destination under
         the bound. A key new to this gateway takes the less loaded of its two consistent
         candidates (its group's top two, else its first two ring destinations): new keys then
         balance load, while every gateway still chooses between the same two replicas only."""
         up, inflight = self.up, self.inflight
-        first, second = self._group_top2(key, h)
         if fresh and self.cold_choices == 2:
-            if first < 0:
-                first, second = self._ring_top2(start)
+            first, second = self._two_candidates(key, h, start)
             if (
                 second >= 0
                 and up[second]
@@ -691,6 +687,8 @@ class Router:
                 and not (up[first] and inflight[first] <= inflight[second])
             ):
                 return second
+        else:
+            first, second = self._group_top2(key, h)
         if first >= 0 and up[first] and inflight[first] < bound:
             return first
         owners = self._ring_owners
@@ -700,6 +698,14 @@ class Router:
             if up[d] and inflight[d] < bound:
                 return d
         return self._p2c()  # unreachable while the counts are consistent: the mean is below
+
+    def _two_candidates(self, key: str, h: int, start: int) -> tuple[int, int]:
+        """A key's two consistent cold candidates: its group's top two, else its first two ring
+        destinations from ring point `start` (second -1: there is no other)."""
+        first, second = self._group_top2(key, h)
+        if first < 0:
+            return self._ring_top2(start)
+        return first, second
 
     def _group_top2(self, key: str, h: int) -> tuple[int, int]:
         """The key's best two destinations within its group (rendezvous hashing); -1: none.

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import numpy as np
@@ -194,6 +194,22 @@ def _held_out(source: SourceSpec, requests: RequestSet) -> tuple[RequestSet | No
     if source.trace is not None:
         return knee, f"the same trace re-drawn with seed {seed} (same prompts, other tiling)"
     return knee, f"seed {seed} of the same workload (held out)"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _sole_gateway_option(flag: str, text: str) -> Callable[[F], F]:
+    """An `auto|on|off` option of a rule that is for a gateway seeing all the traffic (auto: on at
+    one gateway only, `EvalConfig._sole_gateway_rule`); `_auto_on_off` reads its value."""
+    return click.option(
+        flag, type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True, help=text
+    )
+
+
+def _auto_on_off(value: str) -> bool | None:
+    """An `auto|on|off` option's value as `EvalConfig` takes it: None for auto."""
+    return None if value == "auto" else value == "on"
 
 
 def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
@@ -404,30 +420,21 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "request went to, while that stays within the load bound (measured: better at one gateway, "
     "worse at 16; docs/EVALUATION.md).",
 )
-@click.option(
+@_sole_gateway_option(
     "--spill-home",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="cacheroute: a planned key goes to the less loaded of its planned destination and where "
+    "cacheroute: a planned key goes to the less loaded of its planned destination and where "
     "its gateway spilled it before (for a gateway that sees all the traffic); auto: on at one "
     "gateway only.",
 )
-@click.option(
+@_sole_gateway_option(
     "--context-home",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="cacheroute: a key new in the live plan stays where its gateway sent its conversation "
+    "cacheroute: a key new in the live plan stays where its gateway sent its conversation "
     "last (its history is cached there) while that is the cheaper choice (for a gateway that "
     "sees all the traffic); auto: on at one gateway only.",
 )
-@click.option(
+@_sole_gateway_option(
     "--cache-aware",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="cacheroute: gateways know each replica's KV capacity (--cache-tokens) and estimate "
+    "cacheroute: gateways know each replica's KV capacity (--cache-tokens) and estimate "
     "what of a conversation's context is still cached there (LRU; for a gateway that sees all "
     "the traffic); off: cached until it moves; auto: on at one gateway only.",
 )
@@ -715,10 +722,10 @@ def _make_run(
             context_slack=opts.context_slack,
             plan_on_work=opts.plan_on_work,
             keep_homes=opts.keep_homes,
-            spill_home=None if opts.spill_home == "auto" else opts.spill_home == "on",
-            context_home=None if opts.context_home == "auto" else opts.context_home == "on",
+            spill_home=_auto_on_off(opts.spill_home),
+            context_home=_auto_on_off(opts.context_home),
             reported_cost=opts.plan_cost == "reported",
-            cache_aware=None if opts.cache_aware == "auto" else opts.cache_aware == "on",
+            cache_aware=_auto_on_off(opts.cache_aware),
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
