@@ -16,13 +16,14 @@ routing decision).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cacheroute.replay.cache import CacheState, cache_lookup_insert, new_cache
-from cacheroute.replay.jit import njit
+from cacheroute.replay.jit import compiled, njit
 from cacheroute.replay.requestset import FloatArray, IntArray, RequestSet
 from cacheroute.replay.service import ServiceModel
 
@@ -331,6 +332,8 @@ class Engine:
     scratch: IntArray
     _args: tuple[Any, ...] | None = None
     """The kernel's arguments after (i, d, t_next), bound once: a request's step is one call."""
+    _kernel: Callable[..., int] | None = None
+    """`engine_step` compiled for those arguments (see `compiled`)."""
 
     @classmethod
     def create(cls, requests: RequestSet, service: ServiceModel, destinations: int) -> Engine:
@@ -376,8 +379,8 @@ class Engine:
 
     def step(self, i: int, d: int, t_next: float) -> int:
         """Submit request i to replica d and advance to t_next; finished requests are comp[:count]."""
-        args = self._args
-        if args is None:
+        args, kernel = self._args, self._kernel
+        if args is None or kernel is None:
             q, c = self.requests, self.cache
             args = self._args = (
                 q.times, self.df, self.di, self.sf, self.si, self.qnext, q.prompt_tokens,
@@ -385,8 +388,9 @@ class Engine:
                 self.service.chunk_s, self.out_f, self.out_i, self.comp, c.cap, c.tkeys, c.tvals,
                 c.ekey, c.eprev, c.enext, c.dstate, self.scratch, self.first,
             )  # fmt: skip
+            kernel = self._kernel = compiled(engine_step, 0, 0, 0.0, *args)
         self.first[0] = 0
-        return engine_step(i, d, t_next, *args)
+        return kernel(i, d, t_next, *args)
 
     def first_tokens(self) -> list[int]:
         """Requests whose first token came in the last `step` (prefill done), in time order."""
