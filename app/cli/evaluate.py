@@ -958,6 +958,7 @@ _AZURE = Path("tests/data/traces/azure_llm_2023_conv_3000.csv")
 _CONV_TRACE = Path("tests/data/traces/conversation_mooncake_6000.jsonl")
 _DEMO_RECORDED = Path("tests/data/traces/demo_recorded_5930.jsonl")
 _CHAT_SHAPE = Path("tests/data/traces/chat_shape_6000.jsonl")
+_CHAT_SAMPLED = Path("tests/data/traces/chat_sampled_6000.jsonl")
 _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     ("Whale workload", "whale", "whale", None),
     ("Paper-like workload", "paper", "paper", None),
@@ -983,6 +984,13 @@ _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
         "chat-shape",
         None,
         _CHAT_SHAPE,
+    ),
+    (
+        "Chat trace closer to slices of Mooncake's conversation trace (partial last blocks with "
+        "ids of their own, a third of requests continue a conversation; default keys)",
+        "chat-sampled",
+        None,
+        _CHAT_SAMPLED,
     ),
     (
         "Demo traffic recorded by real gateways (`evaluate --topic`: 40 s, 50 tenants, "

@@ -22,8 +22,9 @@ show (read in the public repository, not copied): a prompt's last, partial block
 own, as block hashing gives it (so a short prompt is two blocks, 0 and its own); about 35% of
 requests continue a conversation (mean 1.6 requests each; some run to 9 turns); think times
 log-normal around 150 s; a turn's new message log-normal around 250 tokens with a heavy tail
-(documents pasted in later turns). Not in the evidence; `cacheroute evaluate --trace` it to see
-how the routers do where most requests start a conversation.
+(documents pasted in later turns). In the evidence as `chat_sampled_6000.jsonl` (`--style
+sampled --requests 6000 --seed 7`): where most requests start a conversation, and a plan admits
+few of the keys that matter.
 """
 
 from __future__ import annotations

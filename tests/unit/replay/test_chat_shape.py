@@ -62,3 +62,38 @@ def test_it_has_the_shape_it_claims() -> None:
         and by_first[tuple(r["hash_ids"][:2])] is not r["hash_ids"]
     )
     assert extended > 500
+
+
+def _rows(name: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (TRACES / name).read_text().splitlines()]
+
+
+def test_the_committed_sampled_trace_is_the_generators_output() -> None:
+    rows = _rows("chat_sampled_6000.jsonl")
+    made = _generator().generate_sampled(6000, 7)
+    t0 = made[0][0]
+    assert [(r["input_length"], r["output_length"], r["hash_ids"]) for r in rows] == [
+        (p, a, b) for _, p, a, b in made
+    ]
+    assert [r["timestamp"] for r in rows] == [int((t - t0) // 3.0 * 3000) for t, *_ in made]
+
+
+def test_the_sampled_trace_has_the_shape_it_claims() -> None:
+    rows = _rows("chat_sampled_6000.jsonl")
+    blocks = [list(r["hash_ids"]) for r in rows]  # type: ignore[call-overload]
+    lengths = [int(r["input_length"]) for r in rows]  # type: ignore[call-overload]
+    assert all(b[0] == 0 for b in blocks)  # one shared system-prompt block
+    # block hashing gives a partial last block an id of its own: ceil(tokens / 512) ids
+    assert all(len(b) == -(-n // 512) for b, n in zip(blocks, lengths, strict=True))
+    partial = [b[-1] for b, n in zip(blocks, lengths, strict=True) if n % 512]
+    assert len(set(partial)) == len(partial)  # never reused
+    # about a third of requests continue a conversation: their first 2 blocks were seen before
+    seen: set[tuple[int, ...]] = set()
+    follow_ups = 0
+    for b in blocks:
+        follow_ups += tuple(b[:2]) in seen
+        seen.add(tuple(b[:2]))
+    assert 0.25 < follow_ups / len(blocks) < 0.45
+    p50, p99 = np.percentile(lengths, [50, 99])
+    assert 4000 < p50 < 9000
+    assert p99 > 50_000
