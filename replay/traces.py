@@ -220,7 +220,12 @@ def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) 
             p = int(obj["input_length"])
             o = int(obj["output_length"])
             ids = [int(x) for x in obj["hash_ids"]]
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise ReplayError(
+                f"{path}:{n}: Mooncake record without {exc}; each line needs timestamp (ms), "
+                "input_length, output_length and hash_ids"
+            ) from None
+        except (TypeError, ValueError) as exc:
             raise ReplayError(f"{path}:{n}: bad Mooncake record ({exc!r})") from None
         if p < 1 or not ids:
             raise ReplayError(f"{path}:{n}: input_length and hash_ids must be non-empty")

@@ -92,7 +92,7 @@ def test_small_traces_are_tiled_to_the_size_asked_for() -> None:
 def test_bad_lines_name_the_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n', encoding="utf-8")
-    with pytest.raises(ReplayError, match=r"bad\.jsonl:1"):
+    with pytest.raises(ReplayError, match=r"bad\.jsonl:1: Mooncake record without 'hash_ids'"):
         read_mooncake(path)
 
 
