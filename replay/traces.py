@@ -292,7 +292,12 @@ def read_azure(
                     times.append(_azure_time(row["TIMESTAMP"]))
                     context.append(max(1, int(row["ContextTokens"])))
                     generated.append(max(1, int(row["GeneratedTokens"])))
-                except (KeyError, TypeError, ValueError) as exc:
+                except KeyError as exc:
+                    raise ReplayError(
+                        f"{path}:{n}: Azure row without {exc}; the header needs TIMESTAMP, "
+                        "ContextTokens and GeneratedTokens"
+                    ) from None
+                except (TypeError, ValueError) as exc:
                     raise ReplayError(f"{path}:{n}: bad Azure row ({exc!r})") from None
     except OSError as exc:
         raise ReplayError(f"cannot read trace {path}: {exc}") from None
@@ -346,6 +351,20 @@ def _chain_blocks(
     return offsets, ids
 
 
+def _first_bad_row(rows: list[dict[str, Any]]) -> int:
+    """1-based index of the first row whose fields `read_generic` cannot read (0: none)."""
+    for n, r in enumerate(rows, start=1):
+        try:
+            float(r["ts"])
+            str(r["key"])
+            int(r["prompt_tokens"])
+            int(r.get("prefix_tokens") or 0)
+            int(r.get("output_tokens") or _DEFAULT_OUTPUT)
+        except (KeyError, TypeError, ValueError):
+            return n
+    return 0
+
+
 def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = None) -> RequestSet:
     """A generic CSV (with header) or JSONL trace: ts, key, prompt_tokens, prefix_tokens, ..."""
     rows: list[dict[str, Any]] = []
@@ -369,7 +388,10 @@ def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = Non
         prefix = np.asarray([int(r.get("prefix_tokens") or 0) for r in rows], dtype=np.int64)
         output = [int(r.get("output_tokens") or _DEFAULT_OUTPUT) for r in rows]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ReplayError(f"{path}: every row needs ts, key, prompt_tokens ({exc!r})") from None
+        raise ReplayError(
+            f"{path}: row {_first_bad_row(rows)}: every row needs ts (s), key and prompt_tokens "
+            f"(ints; prefix_tokens, output_tokens optional): {exc!r}"
+        ) from None
     bt = int(rows[0].get("block_tokens") or block_tokens)
     if any("hash_ids" in r for r in rows):
         lists = [_ids(r.get("hash_ids")) for r in rows]

@@ -96,6 +96,20 @@ def test_bad_lines_name_the_file_and_line(tmp_path: Path) -> None:
         read_mooncake(path)
 
 
+def test_an_azure_row_without_a_column_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "az.csv"
+    path.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n", encoding="utf-8")
+    with pytest.raises(ReplayError, match=r"az\.csv:2: Azure row without 'GeneratedTokens'"):
+        read_azure(path, np.random.default_rng(0), keys=10)
+
+
+def test_a_generic_row_that_cannot_be_read_is_named_by_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "gen.csv"
+    path.write_text("ts,key,prompt_tokens\n0.1,a,100\n0.2,b,x\n", encoding="utf-8")
+    with pytest.raises(ReplayError, match=r"gen\.csv: row 2: every row needs ts"):
+        read_generic(path)
+
+
 def test_a_trace_without_an_arrival_process_is_refused_by_name(tmp_path: Path) -> None:
     # every request at the same instant: no rate to rescale, so no load sweep can mean anything
     line = '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n'
