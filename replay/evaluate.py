@@ -49,6 +49,7 @@ import math
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -75,6 +76,7 @@ __all__ = [
     "calibrate",
     "evaluate",
     "find_knee",
+    "gather",
 ]
 
 Recommendation = Literal["deploy", "keep flat-lb"]
@@ -815,14 +817,37 @@ def _policy_runs(runner: _Runner, loads: tuple[float, ...]) -> dict[str, _Policy
     quiet = replace(runner, reporter=_Silent())
     # spawn, not fork: the parent may run threads (progress bars, Kafka clients)
     ctx = multiprocessing.get_context("spawn")
+
+    def done(name: str, run: _PolicyRun) -> None:
+        out[name] = run
+        runner.simulated += run.simulated
+        rep.advance(per_policy)
+
     with ProcessPoolExecutor(jobs, ctx, _init_worker, (quiet, loads)) as pool:
-        futures = {pool.submit(_in_worker, name): name for name in names}
-        for future in as_completed(futures):
-            run = future.result()
-            out[futures[future]] = run
-            runner.simulated += run.simulated
-            rep.advance(per_policy)
+        gather(pool, _in_worker, names, done)
     return {name: out[name] for name in names}
+
+
+def gather(
+    pool: ProcessPoolExecutor,
+    fn: Callable[[str], Any],
+    names: Sequence[str],
+    done: Callable[[str, Any], None],
+) -> None:
+    """`done(name, fn(name))` for every name, as `pool`'s workers finish them.
+
+    A worker that dies (killed, or out of memory: each holds its own copy of the workload) breaks
+    the pool; that becomes a ReplayError saying what to do instead of a traceback.
+    """
+    futures = {pool.submit(fn, name): name for name in names}
+    try:
+        for future in as_completed(futures):
+            done(futures[future], future.result())
+    except BrokenProcessPool as exc:
+        raise ReplayError(
+            f"a worker process died while simulating ({exc}); if it ran out of memory, "
+            "re-run with fewer --jobs (each holds a copy of the workload) or -j 1"
+        ) from None
 
 
 def evaluate(
