@@ -231,17 +231,16 @@ class Dispatcher:
         a planned key's replicas then share its conversations and each conversation stays where
         its history is cached (`Router.route_index`). Never raises.
         """
-        router = self.router
-        i = router.route_index(key, session)
+        i = self.route_index(key, session)
         if prompt_tokens is not None:
             try:
-                units = router.work_units(key, i, int(prompt_tokens), session)
+                units = self.router.work_units(key, i, int(prompt_tokens), session)
             except (TypeError, ValueError):  # a hostile count: weigh it as one request
                 units = 1
-        router.acquire(i, units)
+        self.acquire(i, units)
         if units == 1:
             return self._held[i]  # immutable, shared: no allocation on the common path
-        return InFlight(router, i, units, router.names[i])
+        return InFlight(self.router, i, units, self.router.names[i])
 
     def mark_down(self, name: str) -> None:
         """Exclude a destination at once (unknown names are logged once and ignored)."""
