@@ -425,7 +425,7 @@ class Router:
         self.table = table
 
     # --------------------------------------------------------------------------- decisions
-    def route_index(  # noqa: PLR0911, PLR0912 - one return per rule, hot checks inlined
+    def route_index(  # noqa: PLR0911 - one return per rule
         self, key: str, session: str | None = None
     ) -> int:
         """The destination index for `key` (see the module docstring for the rules).
@@ -472,11 +472,7 @@ class Router:
                     self.counts[2] += 1
                     return self._cold(key, ctx)
                 f = self.spill_factor
-                if self.context_slack:  # its cached context at `best` buys it slack (`_slack`,
-                    # inlined: this runs for every planned request)
-                    context = self._context.get(ctx)
-                    if context is not None and context[0] == best:
-                        load -= self._cached(context, best) // self.unit_tokens
+                load -= self._slack(ctx, best)  # its cached context at `best` buys it slack
                 if (
                     f is not None
                     and load * len(self.live) >= f * (self.total_inflight + 1)
@@ -813,11 +809,8 @@ class Router:
 
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
-        with self._lock:  # `_drop`, inlined: this runs for every request
-            held = self.inflight[index]
-            take = units if units <= held else held
-            self.inflight[index] = held - take
-            self.total_inflight -= take
+        with self._lock:
+            self._drop(index, units)
             if self.total_requests > 0:
                 self.total_requests -= 1
 

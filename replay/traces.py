@@ -351,20 +351,6 @@ def _chain_blocks(
     return offsets, ids
 
 
-def _first_bad_row(rows: list[dict[str, Any]]) -> int:
-    """1-based index of the first row whose fields `read_generic` cannot read (0: none)."""
-    for n, r in enumerate(rows, start=1):
-        try:
-            float(r["ts"])
-            str(r["key"])
-            int(r["prompt_tokens"])
-            int(r.get("prefix_tokens") or 0)
-            int(r.get("output_tokens") or _DEFAULT_OUTPUT)
-        except (KeyError, TypeError, ValueError):
-            return n
-    return 0
-
-
 def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = None) -> RequestSet:
     """A generic CSV (with header) or JSONL trace: ts, key, prompt_tokens, prefix_tokens, ..."""
     rows: list[dict[str, Any]] = []
@@ -381,17 +367,25 @@ def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = Non
             raise ReplayError(f"cannot read trace {path}: {exc}") from None
     if not rows:
         raise ReplayError(f"{path}: no requests")
-    try:
-        times = [float(r["ts"]) for r in rows]
-        keys = [str(r["key"]) for r in rows]
-        prompt = np.asarray([int(r["prompt_tokens"]) for r in rows], dtype=np.int64)
-        prefix = np.asarray([int(r.get("prefix_tokens") or 0) for r in rows], dtype=np.int64)
-        output = [int(r.get("output_tokens") or _DEFAULT_OUTPUT) for r in rows]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReplayError(
-            f"{path}: row {_first_bad_row(rows)}: every row needs ts (s), key and prompt_tokens "
-            f"(ints; prefix_tokens, output_tokens optional): {exc!r}"
-        ) from None
+    times: list[float] = []
+    keys: list[str] = []
+    prompts: list[int] = []
+    prefixes: list[int] = []
+    output: list[int] = []
+    for n, r in enumerate(rows, start=1):
+        try:
+            times.append(float(r["ts"]))
+            keys.append(str(r["key"]))
+            prompts.append(int(r["prompt_tokens"]))
+            prefixes.append(int(r.get("prefix_tokens") or 0))
+            output.append(int(r.get("output_tokens") or _DEFAULT_OUTPUT))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayError(
+                f"{path}: row {n}: every row needs ts (s), key and prompt_tokens "
+                f"(ints; prefix_tokens, output_tokens optional): {exc!r}"
+            ) from None
+    prompt = np.asarray(prompts, dtype=np.int64)
+    prefix = np.asarray(prefixes, dtype=np.int64)
     bt = int(rows[0].get("block_tokens") or block_tokens)
     if any("hash_ids" in r for r in rows):
         lists = [_ids(r.get("hash_ids")) for r in rows]

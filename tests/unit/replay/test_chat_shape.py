@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +25,12 @@ def _generator() -> ModuleType:
     return module
 
 
+def _rows(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (TRACES / name).read_text().splitlines()]
+
+
 def test_the_committed_trace_is_the_generators_output() -> None:
-    rows = [
-        json.loads(line) for line in (TRACES / "chat_shape_6000.jsonl").read_text().splitlines()
-    ]
+    rows = _rows("chat_shape_6000.jsonl")
     made = _generator().generate(6000, 2026)
     t0 = made[0][0]
     assert [(r["input_length"], r["output_length"], r["hash_ids"]) for r in rows] == [
@@ -37,9 +40,7 @@ def test_the_committed_trace_is_the_generators_output() -> None:
 
 
 def test_it_has_the_shape_it_claims() -> None:
-    rows = [
-        json.loads(line) for line in (TRACES / "chat_shape_6000.jsonl").read_text().splitlines()
-    ]
+    rows = _rows("chat_shape_6000.jsonl")
     assert all(r["hash_ids"][0] == 0 for r in rows)  # one shared system-prompt block
     assert all(r["timestamp"] % 3000 == 0 for r in rows)  # 3 s steps
     assert all(len(r["hash_ids"]) == r["input_length"] // 512 for r in rows)  # full blocks
@@ -64,10 +65,6 @@ def test_it_has_the_shape_it_claims() -> None:
     assert extended > 500
 
 
-def _rows(name: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (TRACES / name).read_text().splitlines()]
-
-
 def test_the_committed_sampled_trace_is_the_generators_output() -> None:
     rows = _rows("chat_sampled_6000.jsonl")
     made = _generator().generate_sampled(6000, 7)
@@ -80,8 +77,8 @@ def test_the_committed_sampled_trace_is_the_generators_output() -> None:
 
 def test_the_sampled_trace_has_the_shape_it_claims() -> None:
     rows = _rows("chat_sampled_6000.jsonl")
-    blocks = [list(r["hash_ids"]) for r in rows]  # type: ignore[call-overload]
-    lengths = [int(r["input_length"]) for r in rows]  # type: ignore[call-overload]
+    blocks = [list(r["hash_ids"]) for r in rows]
+    lengths = [int(r["input_length"]) for r in rows]
     assert all(b[0] == 0 for b in blocks)  # one shared system-prompt block
     # block hashing gives a partial last block an id of its own: ceil(tokens / 512) ids
     assert all(len(b) == -(-n // 512) for b, n in zip(blocks, lengths, strict=True))
