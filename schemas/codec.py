@@ -45,6 +45,7 @@ __all__ = [
     "codec_for",
     "decode_any",
     "decode_plan_chunk_columns",
+    "dump_columns",
     "dump_json",
     "load_json",
     "load_schema",
@@ -73,6 +74,11 @@ SCHEMA_FILES: dict[type[Any], str] = {
 def dump_json(value: Any) -> bytes:
     """Compact JSON (orjson) for internal state such as stream-table values."""
     return orjson.dumps(value)
+
+
+def dump_columns(value: Any) -> bytes:
+    """Compact JSON whose values may include numpy arrays (written as lists), for columnar state."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def load_json(data: bytes | bytearray | memoryview | str) -> Any:

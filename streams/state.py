@@ -26,7 +26,6 @@ gateway and keep the events.
 
 from __future__ import annotations
 
-import bisect
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,8 +36,8 @@ from numpy.typing import NDArray
 from cacheroute.errors import CacheRouteError
 from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
 from cacheroute.schemas.codec import dump_json, load_json
+from cacheroute.streams.columns import WindowColumns
 from cacheroute.streams.config import StreamConfig
-from cacheroute.streams.keyagg import KeyAgg
 
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
@@ -139,14 +138,8 @@ class PartitionState:
     def __init__(self, partition: int, config: StreamConfig) -> None:
         self.partition = partition
         self.config = config
-        self.windows: dict[int, dict[str, KeyAgg]] = {}
-        """window start -> key -> aggregate (flat: one dict lookup per event)."""
-        self.members: dict[int, dict[int, list[str]]] = {}
-        """window start -> bucket -> its keys (for serialising a bucket)."""
-        self.dirty: dict[int, set[str]] = {}
-        """window start -> keys changed since the last flush."""
-        self.frags: dict[int, dict[str, bytes]] = {}
-        """window start -> key -> its cached JSON fragment in the bucket value."""
+        self.windows: dict[int, WindowColumns] = {}
+        """window start -> every key's aggregate, as columns (columns.py)."""
         self.watermark = -1
         self.last_offset = -1
         self.applied: dict[tuple[int, int], int] = {}
@@ -194,32 +187,19 @@ class PartitionState:
             self._bucket_of[key] = b
         return b
 
-    def _agg(self, window: int, key: str, offset: int) -> KeyAgg | None:
-        """The aggregate to update, or None when a replayed message is already included.
-
-        Slow path for summaries and replays; the batch path inlines the common case.
-        """
+    def _row(self, window: int, key: str, offset: int) -> tuple[WindowColumns, int] | None:
+        """The window's columns and the key's row to update, or None when a replayed message is
+        already included. The path of summaries (one key at a time)."""
         if offset <= self.replay_until:
             applied = self.applied.get((window, self._bucket(key)), -1)
             if applied >= offset:
                 return None
             if offset <= self.restored_offset and window not in self.windows:
                 return None  # applied before the restart to a window that has closed since
-        aggs = self.windows.get(window)
-        if aggs is None:
-            aggs = self._open(window)
-        agg = aggs.get(key)
-        if agg is None:
-            agg = aggs[key] = KeyAgg()
-            self.members[window].setdefault(self._bucket(key), []).append(key)
-        self.dirty[window].add(key)
-        return agg
-
-    def _open(self, window: int) -> dict[str, KeyAgg]:
-        aggs = self.windows[window] = {}
-        self.members[window] = {}
-        self.dirty[window] = set()
-        return aggs
+        cols = self.windows.get(window)
+        if cols is None:
+            cols = self.windows[window] = WindowColumns()
+        return cols, cols.row(key, self._bucket)
 
     def apply_batch(
         self,
@@ -288,8 +268,9 @@ class PartitionState:
         reference: int,
         clock_ms: int | None,
         clock_name: str,
-    ) -> tuple[IntArray, IntArray, IntArray, BoolArray]:
-        """Columns as arrays plus the mask of malformed events (named in `result.bad`).
+    ) -> tuple[IntArray, IntArray, IntArray, IntArray, BoolArray]:
+        """Columns as arrays (times, prompts, prefix, cached) plus the mask of malformed events
+        (named in `result.bad`).
 
         `reference` is the batch's seal time, or the trusted clock when the seal time is not
         trusted. Future-dated comes first, so a skewed clock is what the reason names.
@@ -317,8 +298,10 @@ class PartitionState:
         for mask, _ in reasons:
             bad_mask |= mask
         limit = cfg.max_key_bytes
-        for i, k in enumerate(keys):
-            if not k or (len(k) * 4 > limit and len(k.encode()) > limit):
+        lengths = np.fromiter(map(len, keys), np.int64, n)
+        bad_mask |= lengths == 0
+        for i in np.flatnonzero(lengths * 4 > limit).tolist():  # UTF-8: up to 4 bytes a char
+            if len(keys[i].encode()) > limit:
                 bad_mask[i] = True
         for i in np.flatnonzero(bad_mask).tolist():
             k = keys[i]
@@ -335,7 +318,7 @@ class PartitionState:
             else:
                 why = next(r for m, r in reasons if m[i])
             result.bad.append(BadEvent(i, why))
-        return times, prefix, cached, bad_mask
+        return times, prompts, prefix, cached, bad_mask
 
     def _apply_events(
         self,
@@ -347,7 +330,7 @@ class PartitionState:
         clock_ms: int | None,
         clock_name: str,
     ) -> None:
-        times, prefix, cached, bad_mask = self._screen(
+        times, prompts, prefix, cached, bad_mask = self._screen(
             batch, result, reference=reference, clock_ms=clock_ms, clock_name=clock_name
         )
         size = self.config.window_ms
@@ -360,87 +343,77 @@ class PartitionState:
             result.late = n_late
             result.late_index = np.flatnonzero(late_mask).tolist()
             result.late_behind_ms = self.watermark - int(times[late_mask].min())
-        good = np.flatnonzero(~(bad_mask | late_mask)).tolist()
-        if not good:
+        skip = bad_mask | late_mask
+        good = None if not skip.any() else np.flatnonzero(~skip)
+        if good is not None and not good.size:
             return
-        columns = (
-            batch.keys,
-            times.tolist(),
-            batch.prompt_tokens,
-            prefix.tolist(),
-            cached.tolist(),
-        )
-        good_starts = starts[good]
+        good_starts = starts if good is None else starts[good]
         first_start = int(good_starts[0])
+        columns = (batch.keys, times, prompts, prefix, cached)
         if offset <= self.replay_until or bool((good_starts != first_start).any()):
             # replay after recovery, or a batch spanning windows: the general path
-            self._accumulate_checked(good, starts.tolist(), columns, offset, result)
+            every = np.arange(times.shape[0]) if good is None else good
+            self._accumulate_checked(every, starts, columns, offset, result)
         else:
-            self._accumulate_one_window(good, first_start, columns)
-            result.accepted = len(good)
+            self._accumulate(first_start, good, columns)
+            result.accepted = times.shape[0] if good is None else good.shape[0]
         # every good event is at most max_clock_ahead_ms ahead of the trusted clock (screened)
-        self.watermark = max(self.watermark, int(times[good].max()))
+        self.watermark = max(
+            self.watermark, int(times.max() if good is None else times[good].max())
+        )
 
     def _accumulate_checked(
         self,
-        good: list[int],
-        window_of: list[int],
-        columns: tuple[list[str], list[int], list[int], list[int], list[int]],
+        good: IntArray,
+        starts: IntArray,
+        columns: tuple[list[str], IntArray, IntArray, IntArray, IntArray],
         offset: int,
         result: ApplyResult,
     ) -> None:
-        keys, t, prompt, prefix, cached = columns
-        for i in good:
-            agg = self._agg(window_of[i], keys[i], offset)
-            if agg is None:
-                result.replayed += 1
-                continue
-            agg.add(t[i], prompt[i], prefix[i], cached[i])
-            result.accepted += 1
+        """Events of several windows, or of a message that may have been applied before a
+        restart: per window, the events whose bucket already includes `offset` are skipped
+        (`replayed`), as is a window that closed since the restart."""
+        keys = columns[0]
+        window_of = starts[good]
+        for window in np.unique(window_of).tolist():
+            sel = good[window_of == window]
+            if offset <= self.replay_until:
+                if offset <= self.restored_offset and window not in self.windows:
+                    result.replayed += sel.shape[0]  # applied before to a window closed since
+                    continue
+                buckets = [self._bucket(keys[i]) for i in sel.tolist()]
+                included = np.fromiter(
+                    (self.applied.get((window, b), -1) >= offset for b in buckets),
+                    np.bool_,
+                    len(buckets),
+                )
+                if included.any():
+                    result.replayed += int(included.sum())
+                    sel = sel[~included]
+                    if not sel.size:
+                        continue
+            self._accumulate(window, sel, columns)
+            result.accepted += sel.shape[0]
 
-    def _accumulate_one_window(
+    def _accumulate(
         self,
-        good: list[int],
         window: int,
-        columns: tuple[list[str], list[int], list[int], list[int], list[int]],
+        sel: IntArray | None,
+        columns: tuple[list[str], IntArray, IntArray, IntArray, IntArray],
     ) -> None:
-        """The hot path: every event in one window and no replay check (one dict get per event)."""
-        keys, t, prompt, prefix, cached = columns
-        aggs = self.windows.get(window)
-        if aggs is None:
-            aggs = self._open(window)
-        members = self.members[window]
-        dirty = self.dirty[window]
-        insort = bisect.insort
-        for i in good:
-            key = keys[i]
-            agg = aggs.get(key)
-            if agg is None:
-                agg = aggs[key] = KeyAgg()
-                members.setdefault(self._bucket(key), []).append(key)
-            dirty.add(key)
-            # KeyAgg.add, inlined: this loop runs once per event (~30% faster than the call)
-            ti = t[i]
-            if agg.count == 0:
-                agg.first_ms = agg.last_ms = ti
-            elif ti < agg.first_ms:
-                agg.first_ms = ti
-            elif ti > agg.last_ms:
-                agg.last_ms = ti
-            agg.count += 1
-            agg.prompt_sum += prompt[i]
-            if prefix[i] > 0:
-                agg.prefix_sum += prefix[i]
-            if cached[i] > 0:
-                agg.cached_sum += cached[i]
-            if ti < agg.last_folded:
-                agg.gap_late += 1
-                continue
-            pending = agg.pending
-            if not pending or ti >= pending[-1]:
-                pending.append(ti)
-            else:
-                insort(pending, ti)
+        """Add the events `sel` (None: all) of one window: one dict lookup per event, then a few
+        vectorised passes (columns.py)."""
+        keys, times, prompts, prefix, cached = columns
+        cols = self.windows.get(window)
+        if cols is None:
+            cols = self.windows[window] = WindowColumns()
+        if sel is None:
+            rows = cols.rows_for(keys, self._bucket)
+            cols.add_events(rows, times, prompts, prefix, cached)
+            return
+        picked = [keys[i] for i in sel.tolist()]
+        rows = cols.rows_for(picked, self._bucket)
+        cols.add_events(rows, times[sel], prompts[sel], prefix[sel], cached[sel])
 
     def apply_summary(
         self,
@@ -497,11 +470,13 @@ class PartitionState:
                     result.late_index.append(i)
                     result.late_behind_ms = max(result.late_behind_ms, self.watermark - first)
                 continue
-            agg = self._agg(window, key, offset)
-            if agg is None:
+            at = self._row(window, key, offset)
+            if at is None:
                 result.replayed += count
                 continue
-            agg.add_summary(
+            window_cols, row = at
+            window_cols.add_summary(
+                row,
                 count,
                 first=first,
                 last=last,
@@ -537,43 +512,26 @@ class PartitionState:
                 writes.append((self._key(*wb), None))
                 self.written.discard(wb)
                 self.applied.pop(wb, None)
-        for window in sorted(self.dirty):
-            changed = self.dirty[window]
-            if changed:
-                writes.extend(self._serialise(window, changed, fold_upto))
+        for window in sorted(self.windows):
+            writes.extend(self._serialise(window, fold_upto))
         meta = {"watermark": self.watermark, "offset": self.last_offset}
         writes.append((table_prefix(self.partition) + b"meta", dump_json(meta)))
         return FlushResult(rates=rates, writes=writes, closed_windows=closed)
 
-    def _serialise(
-        self, window: int, changed: set[str], fold_upto: int
-    ) -> list[tuple[bytes, bytes | None]]:
-        """Table writes for the buckets holding `changed` keys.
+    def _serialise(self, window: int, fold_upto: int) -> list[tuple[bytes, bytes | None]]:
+        """Table writes for the buckets holding keys changed since the last flush.
 
-        Each key's JSON fragment is cached and rebuilt only when the key changed, so a flush costs
-        in proportion to the keys that changed, not to the size of the buckets they share.
+        A changed key with more than `_FOLD_AT` pending times first folds those up to `fold_upto`
+        (the reorder horizon behind the watermark), so buffers stay short; the others wait.
         """
-        aggs = self.windows[window]
-        frags = self.frags.setdefault(window, {})
-        buckets = set()
-        for key in changed:
-            agg = aggs[key]
-            if len(agg.pending) > _FOLD_AT:
-                agg.fold(fold_upto)
-            frags[key] = dump_json(key) + b":" + dump_json(agg.to_list())
-            buckets.add(self._bucket(key))
-        changed.clear()
+        cols = self.windows[window]
+        buckets = cols.dirty_buckets()
+        if not buckets:
+            return []
+        cols.fold(fold_upto, rows_over=_FOLD_AT, only_dirty=True)
         writes: list[tuple[bytes, bytes | None]] = []
-        members = self.members[window]
-        head = b'{"o":%d,"k":{' % self.last_offset
-        for bucket in sorted(buckets):
-            parts = []
-            for key in members[bucket]:
-                frag = frags.get(key)
-                if frag is None:  # restored and unchanged since: build once
-                    frag = frags[key] = dump_json(key) + b":" + dump_json(aggs[key].to_list())
-                parts.append(frag)
-            writes.append((self._key(window, bucket), head + b",".join(parts) + b"}}"))
+        for bucket, value in cols.serialise(buckets, self.last_offset):
+            writes.append((self._key(window, bucket), value))
             self.written.add((window, bucket))
             self.applied[(window, bucket)] = self.last_offset
         return writes
@@ -581,32 +539,41 @@ class PartitionState:
     @property
     def has_changes(self) -> bool:
         """Whether any key changed since the last flush."""
-        return any(self.dirty.values())
+        return any(bool(cols.dirty.any()) for cols in self.windows.values())
 
     def _close(self, window: int) -> list[KeyRate]:
         size = self.config.window_ms
-        out = []
-        self.members.pop(window, None)
-        self.dirty.pop(window, None)
-        self.frags.pop(window, None)
-        for key, agg in self.windows.pop(window).items():
-            s = agg.stats()
-            out.append(
-                KeyRate(
-                    key=key,
-                    window_start_ms=window,
-                    window_end_ms=window + size,
-                    count=s.count,
-                    rate=s.count * 1000.0 / size,
-                    interarrival_mean_ms=s.interarrival_mean_ms,
-                    interarrival_cv=s.interarrival_cv,
-                    prompt_tokens_sum=s.prompt_tokens_sum,
-                    prefix_tokens_sum=s.prefix_tokens_sum,
-                    cached_tokens_sum=s.cached_tokens_sum,
-                )
+        cols = self.windows.pop(window)
+        counts, means, cvs = cols.stats()
+        n = len(cols)
+        keys = cols.keys
+        count = counts.tolist()
+        prompt = cols.prompt[:n].tolist()
+        prefix = cols.prefix[:n].tolist()
+        cached = cols.cached[:n].tolist()
+        end = window + size
+        return [
+            KeyRate(
+                key=keys[i],
+                window_start_ms=window,
+                window_end_ms=end,
+                count=count[i],
+                rate=count[i] * 1000.0 / size,
+                interarrival_mean_ms=means[i],
+                interarrival_cv=cvs[i],
+                prompt_tokens_sum=prompt[i],
+                prefix_tokens_sum=prefix[i],
+                cached_tokens_sum=cached[i],
             )
-        out.sort(key=lambda r: r.key)
-        return out
+            for i in sorted(range(n), key=keys.__getitem__)
+        ]
+
+    def counts(self, window: int) -> dict[str, int]:
+        """Events counted so far per key of an open window (empty when it is not open)."""
+        cols = self.windows.get(window)
+        if cols is None:
+            return {}
+        return dict(zip(cols.keys, cols.count[: len(cols)].tolist(), strict=True))
 
     @property
     def open_windows(self) -> list[int]:
@@ -642,19 +609,17 @@ class PartitionState:
                 continue
             w_text, b_text = rest.split(b"|")
             window, bucket = int(w_text), int(b_text)
-            if window not in state.windows:
-                state._open(window)
-            aggs = state.windows[window]
-            for k, v in value["k"].items():
-                aggs[k] = KeyAgg.from_list(v)
-            state.members[window][bucket] = list(value["k"])
+            cols = state.windows.get(window)
+            if cols is None:
+                cols = state.windows[window] = WindowColumns()
+            cols.load_bucket(bucket, value)
             offset = int(value["o"])
             state.applied[(window, bucket)] = offset
             state.written.add((window, bucket))
             state.replay_until = max(state.replay_until, offset)
             state.last_offset = max(state.last_offset, offset)
         # a re-delivered message up to the last flushed offset was applied before: never count it
-        # again, also not into a window that closed meanwhile (see `_agg`)
+        # again, also not into a window that closed meanwhile (see `_row`)
         state.restored_offset = state.last_offset
         state.replay_until = max(state.replay_until, state.last_offset)
         if now_ms is not None and state.watermark > now_ms + config.max_clock_ahead_ms:
@@ -674,17 +639,11 @@ class PartitionState:
         dropped = sorted(w for w in self.windows if w > limit)
         for window in dropped:
             self.windows.pop(window)
-            self.members.pop(window, None)
-            self.dirty.pop(window, None)
-            self.frags.pop(window, None)
             for wb in sorted(wb for wb in self.written if wb[0] == window):
                 self._deletes.append(self._key(*wb))
                 self.written.discard(wb)
                 self.applied.pop(wb, None)
-        newest = max(
-            (a.last_ms for aggs in self.windows.values() for a in aggs.values() if a.count),
-            default=-1,
-        )
+        newest = max((cols.newest_time() for cols in self.windows.values()), default=-1)
         self.watermark = min(newest, limit)
         self.restore_warning = (
             f"partition {self.partition}: the changelog's watermark {poisoned} is "

@@ -101,8 +101,8 @@ def test_a_failure_while_reporting_an_applied_message_does_not_stop_the_next(
         runtime.handle(event(runtime, 0, _batch("a", T0 + 100)))
         runtime.handle(event(runtime, 1, _batch("b", T0 + 200)))
     state = runtime.states[0]
-    assert state.windows[T0]["a"].count == 1
-    assert state.windows[T0]["b"].count == 1
+    assert state.counts(T0)["a"] == 1
+    assert state.counts(T0)["b"] == 1
     assert metric(runtime, "events_accepted") == 1  # the second message's report ran
     assert metric(runtime, "batches_dead_lettered") == 0
     assert not [s for s in producer.sent if s.topic == "unit.dead-letter"]

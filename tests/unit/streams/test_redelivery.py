@@ -95,7 +95,7 @@ def test_an_open_window_does_not_count_a_redelivered_message_twice() -> None:
     runtime.handle(event(runtime, 0, batch))
     runtime.handle(event(runtime, 0, batch))
     state = runtime.states[0]
-    assert state.windows[T0]["a"].count == 1
+    assert state.counts(T0)["a"] == 1
     assert (state.accepted_total, state.replayed_total, state.late_total) == (1, 0, 0)
 
 

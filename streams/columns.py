@@ -1,0 +1,353 @@
+"""One window's per-key aggregates as numpy columns: the streams agent's state, vectorised per batch.
+
+Why columns: the agent's work is "group a batch of ~2,000 events by key and add them to what each
+key holds". Done one event at a time in Python (one `KeyAgg` object per key, one attribute update
+per field) it cost 3-5 us an event, several times the fetch and decode; done per batch with numpy
+(`np.add.at` and friends over row indices) it costs a dictionary lookup per event plus a few
+vectorised passes, and a flush serialises whole buckets from the columns at once.
+
+Semantics are exactly those of `KeyAgg` (keyagg.py, which the tests keep as the oracle): the same
+totals, first/last times, and the same reorder buffer - an event older than the newest time a
+key's gaps already include (`last_folded`) counts as `gap_late`; the others wait in the pending
+buffer until a fold takes, per key and in time order, those up to the fold's limit into the gap
+sums. Gap sums are kept as int64 (`KeyAgg` kept floats of the same integers: identical while
+below 2**53, i.e. for any window shorter than ~26 hours, since a sum of squared gaps is at most
+the window's length squared).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cacheroute.schemas.codec import dump_columns
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+__all__ = ["COLUMN_FIELDS", "WindowColumns"]
+
+COLUMN_FIELDS = (
+    "count",
+    "prompt",
+    "prefix",
+    "cached",
+    "first",
+    "last",
+    "gaps",
+    "sum_gap",
+    "sum_gap2",
+    "last_folded",
+    "gap_late",
+)
+"""The per-key int64 columns, in the order of `KeyAgg.to_list` (its pending list comes after)."""
+
+_FIRST_NONE = np.iinfo(np.int64).max
+_LAST_NONE = np.iinfo(np.int64).min
+
+
+class WindowColumns:
+    """The aggregates of every key of one window of one partition.
+
+    Rows are keys in order of first appearance; `bucket[row]` is the key's table bucket. Columns
+    grow by doubling. Pending (not yet folded) timestamps are kept as parallel arrays of rows and
+    times, appended per batch and compacted at each fold.
+    """
+
+    __slots__ = (
+        "bucket",
+        "cached",
+        "count",
+        "dirty",
+        "first",
+        "gap_late",
+        "gaps",
+        "index",
+        "keys",
+        "last",
+        "last_folded",
+        "n",
+        "pend_rows",
+        "pend_t",
+        "prefix",
+        "prompt",
+        "sum_gap",
+        "sum_gap2",
+    )
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.index: dict[str, int] = {}
+        self.keys: list[str] = []
+        self.n = 0
+        self.bucket: IntArray = np.zeros(capacity, np.int64)
+        self.dirty: BoolArray = np.zeros(capacity, np.bool_)
+        blank = self._blank
+        self.count = blank("count", capacity)
+        self.prompt = blank("prompt", capacity)
+        self.prefix = blank("prefix", capacity)
+        self.cached = blank("cached", capacity)
+        self.first = blank("first", capacity)
+        self.last = blank("last", capacity)
+        self.gaps = blank("gaps", capacity)
+        self.sum_gap = blank("sum_gap", capacity)
+        self.sum_gap2 = blank("sum_gap2", capacity)
+        self.last_folded = blank("last_folded", capacity)
+        self.gap_late = blank("gap_late", capacity)
+        self.pend_rows: list[IntArray] = []
+        self.pend_t: list[IntArray] = []
+
+    @staticmethod
+    def _blank(name: str, size: int) -> IntArray:
+        fill = {"first": _FIRST_NONE, "last": _LAST_NONE, "last_folded": -1}.get(name, 0)
+        return np.full(size, fill, np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    # ------------------------------------------------------------------------------ rows
+    def _grow(self, need: int) -> None:
+        cap = self.bucket.shape[0]
+        if need <= cap:
+            return
+        new = max(need, 2 * cap)
+        for name in ("bucket", "dirty", *COLUMN_FIELDS):
+            old = getattr(self, name)
+            grown = (
+                np.zeros(new, old.dtype) if name in ("bucket", "dirty") else self._blank(name, new)
+            )
+            grown[:cap] = old
+            setattr(self, name, grown)
+
+    def add_key(self, key: str, bucket: int) -> int:
+        """The row of a key new to this window."""
+        row = self.n
+        self._grow(row + 1)
+        self.index[key] = row
+        self.keys.append(key)
+        self.bucket[row] = bucket
+        self.n = row + 1
+        return row
+
+    def rows_for(self, keys: Sequence[str], bucket_of: Callable[[str], int]) -> IntArray:
+        """Rows of `keys` (one per event), adding keys new to the window in order of appearance."""
+        rows = np.fromiter(map(self.index.get, keys, repeat(-1)), np.int64, len(keys))
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            index = self.index
+            for i in missing.tolist():
+                key = keys[i]
+                row = index.get(key)
+                if row is None:
+                    row = self.add_key(key, bucket_of(key))
+                rows[i] = row
+        return rows
+
+    def row(self, key: str, bucket_of: Callable[[str], int]) -> int:
+        """The row of one key (added when new)."""
+        row = self.index.get(key)
+        return self.add_key(key, bucket_of(key)) if row is None else row
+
+    # ------------------------------------------------------------------------------ updates
+    def add_events(
+        self,
+        rows: IntArray,
+        times: IntArray,
+        prompts: IntArray,
+        prefix: IntArray,
+        cached: IntArray,
+    ) -> None:
+        """Add events (aligned arrays; prefix/cached of -1 mean unknown), as `KeyAgg.add` would
+        one by one in any order: folds happen only in `fold`, so within a batch the order of
+        events does not change what any of them does."""
+        np.add.at(self.count, rows, 1)
+        np.add.at(self.prompt, rows, prompts)
+        np.add.at(self.prefix, rows, np.maximum(prefix, 0))
+        np.add.at(self.cached, rows, np.maximum(cached, 0))
+        np.minimum.at(self.first, rows, times)
+        np.maximum.at(self.last, rows, times)
+        self.dirty[rows] = True
+        late = times < self.last_folded[rows]
+        if late.any():
+            np.add.at(self.gap_late, rows[late], 1)
+            keep = ~late
+            rows, times = rows[keep], times[keep]
+        self.pend_rows.append(rows)
+        self.pend_t.append(times)
+
+    def add_summary(
+        self, row: int, count: int, *, first: int, last: int, prompt: int, prefix: int, cached: int
+    ) -> None:
+        """A pre-aggregated block of `count` events (no timestamps), as `KeyAgg.add_summary`."""
+        if count <= 0:
+            return
+        self.count[row] += count
+        self.first[row] = min(int(self.first[row]), first)
+        self.last[row] = max(int(self.last[row]), last)
+        self.prompt[row] += prompt
+        self.prefix[row] += max(prefix, 0)
+        self.cached[row] += max(cached, 0)
+        self.dirty[row] = True
+
+    def _pending(self) -> tuple[IntArray, IntArray]:
+        """All pending (rows, times), compacted into one pair of arrays."""
+        if len(self.pend_rows) != 1:
+            rows = np.concatenate(self.pend_rows) if self.pend_rows else np.zeros(0, np.int64)
+            times = np.concatenate(self.pend_t) if self.pend_t else np.zeros(0, np.int64)
+            self.pend_rows, self.pend_t = [rows], [times]
+        return self.pend_rows[0], self.pend_t[0]
+
+    def fold(self, upto: int | None, *, rows_over: int = -1, only_dirty: bool = False) -> None:
+        """Fold pending times <= `upto` (None: all) into the gap sums, per key in time order.
+
+        Only keys with more than `rows_over` pending times take part (and, with `only_dirty`,
+        only keys changed since the last flush): the flush folds busy keys only, as `KeyAgg`'s
+        owner did, and the window's close folds everything.
+        """
+        rows, times = self._pending()
+        if not rows.size:
+            return
+        take = np.ones(rows.shape[0], np.bool_) if upto is None else times <= upto
+        if rows_over >= 0 or only_dirty:
+            eligible = np.ones(self.n, np.bool_)
+            if rows_over >= 0:
+                eligible &= np.bincount(rows, minlength=self.n) > rows_over
+            if only_dirty:
+                eligible &= self.dirty[: self.n]
+            take &= eligible[rows]
+        if not take.any():
+            return
+        r, t = rows[take], times[take]
+        order = np.lexsort((t, r))
+        r, t = r[order], t[order]
+        head = np.ones(r.shape[0], np.bool_)
+        head[1:] = r[1:] != r[:-1]
+        prev = np.empty_like(t)
+        prev[1:] = t[:-1]
+        prev[head] = self.last_folded[r[head]]
+        valid = prev >= 0
+        gap = t[valid] - prev[valid]
+        rv = r[valid]
+        np.add.at(self.gaps, rv, 1)
+        np.add.at(self.sum_gap, rv, gap)
+        np.add.at(self.sum_gap2, rv, gap * gap)
+        tail = np.ones(r.shape[0], np.bool_)
+        tail[:-1] = head[1:]
+        self.last_folded[r[tail]] = t[tail]
+        keep = ~take
+        self.pend_rows, self.pend_t = [rows[keep]], [times[keep]]
+
+    # ------------------------------------------------------------------------------ output
+    def stats(self) -> tuple[IntArray, list[float | None], list[float | None]]:
+        """(counts, mean gaps, CVs) per row after folding everything, as `KeyAgg.stats`."""
+        self.fold(None)
+        n = self.n
+        count = self.count[:n]
+        first, last = self.first[:n], self.last[:n]
+        gaps = self.gaps[:n].astype(np.float64)
+        s1 = self.sum_gap[:n].astype(np.float64)
+        s2 = self.sum_gap2[:n].astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = (last - first).astype(np.float64) / (count - 1).astype(np.float64)
+            m = s1 / gaps
+            var = np.maximum(s2 / gaps - m * m, 0.0)
+            cv = np.sqrt(var) / m
+        has_mean = count >= 2
+        has_cv = (self.gaps[:n] >= 2) & (self.sum_gap[:n] > 0)
+        means: list[float | None] = [
+            v if ok else None for v, ok in zip(mean.tolist(), has_mean.tolist(), strict=True)
+        ]
+        cvs: list[float | None] = [
+            v if ok else None for v, ok in zip(cv.tolist(), has_cv.tolist(), strict=True)
+        ]
+        return count.copy(), means, cvs
+
+    def dirty_buckets(self) -> list[int]:
+        """Buckets holding keys changed since the last `serialise`, ascending."""
+        found: list[int] = np.unique(self.bucket[: self.n][self.dirty[: self.n]]).tolist()
+        return found
+
+    def serialise(self, buckets: Sequence[int], offset: int) -> list[tuple[int, bytes]]:
+        """(bucket, table value) for each of `buckets`: every key of the bucket, columnar.
+
+        Value: `{"o": offset, "c": {"keys": [...], <field>: [...] for COLUMN_FIELDS,
+        "pk": [...], "pt": [...]}}` - `pk`/`pt` are the pending times as (position of the key in
+        `keys`, time). Clears the dirty marks.
+        """
+        n = self.n
+        bucket = self.bucket[:n]
+        order = np.argsort(bucket, kind="stable")  # rows by bucket, first appearance within
+        sorted_b = bucket[order]
+        pos = np.empty(n, np.int64)
+        lo_of = np.searchsorted(sorted_b, sorted_b, side="left")
+        pos[order] = np.arange(n, dtype=np.int64) - lo_of
+        prow, ptime = self._pending()
+        pb = bucket[prow]
+        porder = np.argsort(pb, kind="stable")
+        pb_sorted = pb[porder]
+        out: list[tuple[int, bytes]] = []
+        keys = self.keys
+        for b in buckets:
+            lo, hi = np.searchsorted(sorted_b, [b, b + 1])
+            rows = order[lo:hi]
+            plo, phi = np.searchsorted(pb_sorted, [b, b + 1])
+            psel = porder[plo:phi]
+            cols: dict[str, Any] = {"keys": [keys[r] for r in rows.tolist()]}
+            for name in COLUMN_FIELDS:
+                cols[name] = getattr(self, name)[rows]
+            cols["pk"] = pos[prow[psel]]
+            cols["pt"] = ptime[psel]
+            out.append((b, dump_columns({"o": offset, "c": cols})))
+        self.dirty[:n] = False
+        return out
+
+    # ------------------------------------------------------------------------------ restore
+    def load_bucket(self, bucket: int, value: dict[str, Any]) -> None:
+        """Add a bucket's keys from a table value: the columnar form (`"c"`) or the per-key
+        `KeyAgg.to_list` form (`"k"`) that workers before the columnar state wrote.
+
+        Raises ValueError (or KeyError/TypeError) for a value in neither form.
+        """
+        if "c" in value:
+            cols = value["c"]
+            keys = cols["keys"]
+            if not isinstance(keys, list):
+                raise ValueError("columnar bucket without a key list")
+            data = {name: [int(v) for v in cols[name]] for name in COLUMN_FIELDS}
+            pk, pt = [int(v) for v in cols["pk"]], [int(v) for v in cols["pt"]]
+        else:
+            from cacheroute.streams.keyagg import KeyAgg  # noqa: PLC0415 - old form only
+
+            keys = list(value["k"])
+            aggs = [KeyAgg.from_list(v) for v in value["k"].values()]
+            data = {name: [] for name in COLUMN_FIELDS}
+            pk, pt = [], []
+            for i, agg in enumerate(aggs):
+                fields = agg.to_list()
+                for name, v in zip(COLUMN_FIELDS, fields[:11], strict=True):
+                    data[name].append(int(v))  # type: ignore[call-overload]
+                pk.extend(repeat(i, len(agg.pending)))
+                pt.extend(agg.pending)
+        rows = [self.add_key(str(k), bucket) for k in keys]
+        if any(len(v) != len(rows) for v in data.values()) or len(pk) != len(pt):
+            raise ValueError("bucket columns differ in length")
+        at = np.asarray(rows, np.int64)
+        for name, values in data.items():
+            getattr(self, name)[at] = np.asarray(values, np.int64)
+        # a key restored with no events has no first/last (KeyAgg kept 0): leave the sentinels
+        empty = self.count[at] == 0
+        self.first[at[empty]] = _FIRST_NONE
+        self.last[at[empty]] = _LAST_NONE
+        if pt:
+            self.pend_rows.append(at[np.asarray(pk, np.int64)])
+            self.pend_t.append(np.asarray(pt, np.int64))
+
+    def newest_time(self) -> int:
+        """The newest event time any key holds (-1: none)."""
+        n = self.n
+        has = self.count[:n] > 0
+        return int(self.last[:n][has].max()) if has.any() else -1
