@@ -38,7 +38,6 @@ from confluent_kafka import Producer
 
 from cacheroute.kafkaio import producer_config
 from cacheroute.schemas import (
-    KeyRate,
     RequestBatch,
     RequestSummary,
     SchemaError,
@@ -46,6 +45,8 @@ from cacheroute.schemas import (
     decode_any,
 )
 from cacheroute.schemas.errors import format_location
+from cacheroute.schemas.rate_columns import encode_key_rates
+from cacheroute.schemas.rate_columns import warm_up as warm_up_encoder
 from cacheroute.settings import Settings
 from cacheroute.streams.config import StreamConfig
 from cacheroute.streams.metrics import StreamMetrics
@@ -53,6 +54,7 @@ from cacheroute.streams.state import (
     ApplyResult,
     BatchError,
     ClockError,
+    FlushResult,
     PartitionState,
     table_prefix,
 )
@@ -385,13 +387,7 @@ class StreamsRuntime:
             began = time.perf_counter()
             acks = self.pending.pop(partition, [])
             out = state.flush()
-            rates_topic = self.settings.topics["rates"]
-            encode = codec_for(KeyRate).encode
-            for rate in out.rates:
-                # validate=False: these values are built here from ints and floats that fit
-                blob = encode(rate, validate=False)
-                self.producer.produce(rates_topic, key=rate.key.encode(), value=blob)
-                self.producer.poll(0)
+            self._produce_rates(out)
             # rates and dead letters must be durable before the state that no longer holds them
             loop = asyncio.get_running_loop()
             remaining = await loop.run_in_executor(None, self.producer.flush, 60.0)
@@ -418,7 +414,7 @@ class StreamsRuntime:
                 for ev in acks:
                     await self.stream.ack(ev)
             self.last_flush[partition] = time.monotonic()
-            self.metrics.rates_emitted.inc(len(out.rates))
+            self.metrics.rates_emitted.inc(out.rate_count)
             self.metrics.flush_seconds.observe(time.perf_counter() - began)
             self.metrics.watermark_ms.labels(str(partition)).set(state.watermark)
             self.metrics.open_windows.labels(str(partition)).set(len(state.open_windows))
@@ -429,8 +425,26 @@ class StreamsRuntime:
                     partition,
                     time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(window / 1000)),
                     self.config.window_ms,
-                    sum(1 for r in out.rates if r.window_start_ms == window),
+                    sum(len(c) for c in out.closed if c.window_start_ms == window),
                 )
+
+    def _produce_rates(self, out: FlushResult) -> None:
+        """Queue every closed window's key rates to the rates topic (delivery awaited by flush)."""
+        rates_topic = self.settings.topics["rates"]
+        produce, poll = self.producer.produce, self.producer.poll
+        for closed in out.closed:
+            # one compiled pass writes every record's bytes (schemas/rate_columns.py)
+            keys, values = encode_key_rates(closed)
+            for n, (key, value) in enumerate(zip(keys, values, strict=True)):
+                while True:
+                    try:
+                        produce(rates_topic, key=key, value=value)
+                        break
+                    except BufferError:  # the local queue is full: let it drain
+                        poll(0.1)
+                if n % 1000 == 999:  # serve delivery reports, free queue space
+                    poll(0)
+            poll(0)
 
     def _revoked(self, partition: int, state: PartitionState) -> bool:
         """Whether `partition` was revoked while a flush awaited (its new owner takes over)."""
@@ -565,6 +579,7 @@ def create_app(
     broker loses no window state, and never runs it with fewer than 2 replicas in sync.
     """
     options = options or StreamsOptions()
+    warm_up_encoder()
     # Faust creates its changelog (and its internal topics) with these, at replication 1 unless
     # told; it never alters a topic that exists.
     replicas, min_insync = replication_for(settings, brokers)

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cacheroute.schemas.codec import dump_columns
+from cacheroute.schemas.rate_columns import RateColumns
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -242,29 +243,37 @@ class WindowColumns:
         self.pend_rows, self.pend_t = [rows[keep]], [times[keep]]
 
     # ------------------------------------------------------------------------------ output
-    def stats(self) -> tuple[IntArray, list[float | None], list[float | None]]:
-        """(counts, mean gaps, CVs) per row after folding everything, as `KeyAgg.stats`."""
+    def rates(self, start: int, end: int) -> RateColumns:
+        """Every key's figures for the window [start, end), keys ascending, after folding all
+        pending times: `KeyAgg.stats` for each key, with rate = count * 1000 / length (ms)."""
         self.fold(None)
-        n = self.n
-        count = self.count[:n]
-        first, last = self.first[:n], self.last[:n]
-        gaps = self.gaps[:n].astype(np.float64)
-        s1 = self.sum_gap[:n].astype(np.float64)
-        s2 = self.sum_gap2[:n].astype(np.float64)
+        order = np.asarray(sorted(range(self.n), key=self.keys.__getitem__), np.int64)
+        count = self.count[order]
+        gaps = self.gaps[order]
+        s1 = self.sum_gap[order].astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
-            mean = (last - first).astype(np.float64) / (count - 1).astype(np.float64)
-            m = s1 / gaps
-            var = np.maximum(s2 / gaps - m * m, 0.0)
+            mean = (self.last[order] - self.first[order]).astype(np.float64) / (count - 1).astype(
+                np.float64
+            )
+            m = s1 / gaps.astype(np.float64)
+            var = np.maximum(self.sum_gap2[order].astype(np.float64) / gaps - m * m, 0.0)
             cv = np.sqrt(var) / m
         has_mean = count >= 2
-        has_cv = (self.gaps[:n] >= 2) & (self.sum_gap[:n] > 0)
-        means: list[float | None] = [
-            v if ok else None for v, ok in zip(mean.tolist(), has_mean.tolist(), strict=True)
-        ]
-        cvs: list[float | None] = [
-            v if ok else None for v, ok in zip(cv.tolist(), has_cv.tolist(), strict=True)
-        ]
-        return count.copy(), means, cvs
+        has_cv = (gaps >= 2) & (s1 > 0)
+        return RateColumns(
+            window_start_ms=start,
+            window_end_ms=end,
+            keys=[self.keys[i] for i in order.tolist()],
+            count=count,
+            rate=count * 1000.0 / (end - start),
+            mean=np.where(has_mean, mean, 0.0),
+            has_mean=has_mean,
+            cv=np.where(has_cv, cv, 0.0),
+            has_cv=has_cv,
+            prompt=self.prompt[order],
+            prefix=self.prefix[order],
+            cached=self.cached[order],
+        )
 
     def dirty_buckets(self) -> list[int]:
         """Buckets holding keys changed since the last `serialise`, ascending."""

@@ -36,6 +36,7 @@ from numpy.typing import NDArray
 from cacheroute.errors import CacheRouteError
 from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
 from cacheroute.schemas.codec import dump_json, load_json
+from cacheroute.schemas.rate_columns import RateColumns
 from cacheroute.streams.columns import WindowColumns
 from cacheroute.streams.config import StreamConfig
 
@@ -117,9 +118,20 @@ def ahead_reason(what: str, value_ms: int, clock_ms: int, clock_name: str) -> st
 class FlushResult:
     """Rates of closed windows, then table writes (value None = delete), in that order."""
 
-    rates: list[KeyRate]
+    closed: list[RateColumns]
+    """Each closed window's key rates, as columns (keys ascending), in window order."""
     writes: list[tuple[bytes, bytes | None]]
     closed_windows: list[int]
+
+    @property
+    def rates(self) -> list[KeyRate]:
+        """The closed windows' rates as `KeyRate` objects (built on each call)."""
+        return [rate for window in self.closed for rate in window.records()]
+
+    @property
+    def rate_count(self) -> int:
+        """How many key rates the closed windows hold."""
+        return sum(len(window) for window in self.closed)
 
 
 _FOLD_AT = 32
@@ -499,7 +511,7 @@ class PartitionState:
         """Close windows the watermark has passed; serialise dirty buckets; write the meta entry."""
         cfg = self.config
         fold_upto = self.watermark - cfg.reorder_ms
-        rates: list[KeyRate] = []
+        rates: list[RateColumns] = []
         writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in self._deletes]
         self._deletes.clear()
         closed: list[int] = []
@@ -507,7 +519,7 @@ class PartitionState:
             if window + cfg.window_ms + cfg.grace_ms > self.watermark:
                 continue
             closed.append(window)
-            rates.extend(self._close(window))
+            rates.append(self._close(window))
             for wb in sorted(wb for wb in self.written if wb[0] == window):
                 writes.append((self._key(*wb), None))
                 self.written.discard(wb)
@@ -516,7 +528,7 @@ class PartitionState:
             writes.extend(self._serialise(window, fold_upto))
         meta = {"watermark": self.watermark, "offset": self.last_offset}
         writes.append((table_prefix(self.partition) + b"meta", dump_json(meta)))
-        return FlushResult(rates=rates, writes=writes, closed_windows=closed)
+        return FlushResult(closed=rates, writes=writes, closed_windows=closed)
 
     def _serialise(self, window: int, fold_upto: int) -> list[tuple[bytes, bytes | None]]:
         """Table writes for the buckets holding keys changed since the last flush.
@@ -541,32 +553,11 @@ class PartitionState:
         """Whether any key changed since the last flush."""
         return any(bool(cols.dirty.any()) for cols in self.windows.values())
 
-    def _close(self, window: int) -> list[KeyRate]:
+    def _close(self, window: int) -> RateColumns:
+        """Drop a window's state and return its key rates (keys ascending)."""
         size = self.config.window_ms
         cols = self.windows.pop(window)
-        counts, means, cvs = cols.stats()
-        n = len(cols)
-        keys = cols.keys
-        count = counts.tolist()
-        prompt = cols.prompt[:n].tolist()
-        prefix = cols.prefix[:n].tolist()
-        cached = cols.cached[:n].tolist()
-        end = window + size
-        return [
-            KeyRate(
-                key=keys[i],
-                window_start_ms=window,
-                window_end_ms=end,
-                count=count[i],
-                rate=count[i] * 1000.0 / size,
-                interarrival_mean_ms=means[i],
-                interarrival_cv=cvs[i],
-                prompt_tokens_sum=prompt[i],
-                prefix_tokens_sum=prefix[i],
-                cached_tokens_sum=cached[i],
-            )
-            for i in sorted(range(n), key=keys.__getitem__)
-        ]
+        return cols.rates(window, window + size)
 
     def counts(self, window: int) -> dict[str, int]:
         """Events counted so far per key of an open window (empty when it is not open)."""
