@@ -20,8 +20,8 @@ What each figure measures (seconds are wall clock, `perf_counter`, unless named 
   `raw_fetch_seconds`: time inside those `consume()`/`poll()` calls (waiting for librdkafka's
   background fetcher and taking messages off its queue; the fetcher thread works while the main
   thread decodes, so this is wait time, not the fetch's CPU). `raw_decode_seconds`: time inside
-  `decode_any` (fingerprint check + fastavro into a `RequestBatch`), the decoder the agent uses,
-  on every message. `raw_cpu_seconds`: this process's CPU time over the clock, all threads.
+  the agent's reader on every message: `scan_request_batch` (a batch's columns straight from its
+  bytes, schemas/batch_scan.py), and `decode_any` (fastavro) for a record it declines. `raw_cpu_seconds`: this process's CPU time over the clock, all threads.
   `raw_messages` counts batches read (the emitter's plus one empty closing heartbeat per partition).
 - `agent_seconds`, `events_per_s`: the clock starts at the first metrics scrape (every 20 ms) that
   shows a batch handled, so worker start-up, group join and its first fetch are outside it, and it
@@ -33,7 +33,7 @@ What each figure measures (seconds are wall clock, `perf_counter`, unless named 
   `agent_flush_seconds`: the worker's own `flush_seconds` histogram sum (rates out, changelog,
   acks) over the whole run. `agent_cpu_seconds`: the worker process's CPU time over the clock
   (/proc; null where unavailable). The agent's fetch (aiokafka inside Faust) and decode are not
-  instrumented; it decodes the same bytes with the same `decode_any`, so its decode costs about
+  instrumented; it reads the same bytes with the same reader, so its decode costs about
   `raw_decode_seconds`.
 - `numpy_seconds`, `numpy_events_per_s` = N / `numpy_seconds`: `aggregate_per_key` (sort by
   (key, time), then per key: count, mean and CV of the inter-arrival gaps, as the agent defines
@@ -75,6 +75,8 @@ from cacheroute.kafkaio import consumer_config, producer_config
 from cacheroute.loopback import free_port, scrape_metrics
 from cacheroute.progress import progress_bar
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for, decode_any
+from cacheroute.schemas.batch_scan import ScannedBatch, scan_request_batch
+from cacheroute.schemas.batch_scan import warm_up as warm_up_reader
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 
@@ -179,8 +181,8 @@ class _RawRead:
     cpu_s: float = 0.0
     messages: int = 0
     events: int = 0
-    key_cols: list[list[str]] = field(default_factory=list)
-    time_cols: list[list[int]] = field(default_factory=list)
+    records: list[RequestBatch | ScannedBatch] = field(default_factory=list)
+    """What the reader returned for each message (turned into columns after the clock)."""
 
 
 def _raw_read(settings: Settings, expected_events: int, progress: Progress) -> _RawRead:
@@ -193,6 +195,7 @@ def _raw_read(settings: Settings, expected_events: int, progress: Progress) -> _
     # the clock. Data already in the log is returned at once whatever this setting.
     config["fetch.wait.max.ms"] = 10
     consumer = Consumer(config)
+    warm_up_reader()  # its compiled loop loads outside the clock, as the agent's does at start
     parts = [TopicPartition(topic, p, 0) for p in range(settings.requests_partitions)]
     ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in parts}
     task = progress.add_task("baseline: plain consumer + decode", total=expected_events)
@@ -237,15 +240,17 @@ def _read_to_eof(
                     done.add(p)
                 continue
             d0 = clock()
-            record = decode_any(
-                msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()
+            value = msg.value()
+            # the agent's reader: columns straight from the bytes, fastavro for the rest
+            scanned = None if value is None else scan_request_batch(value)
+            record: RequestBatch | ScannedBatch | Any = scanned or decode_any(
+                value, topic=msg.topic(), partition=msg.partition(), offset=msg.offset()
             )
             out.decode_s += clock() - d0
-            if not isinstance(record, RequestBatch):
+            if not isinstance(record, RequestBatch | ScannedBatch):
                 raise CacheRouteError(f"baseline: a {type(record).__name__} on {msg.topic()}")
-            out.key_cols.append(record.keys)
-            out.time_cols.append(record.event_time_ms)
-            out.events += len(record.keys)
+            out.records.append(record)
+            out.events += len(record)
             out.messages += 1
         if time.monotonic() > deadline:
             raise CacheRouteError(f"baseline: not every partition reached EOF in 600 s ({eofs})")
@@ -367,8 +372,22 @@ def _agent_rates(settings: Settings, expected_rates: int) -> dict[tuple[str, int
 def _numpy_baseline(raw: _RawRead, repeats: int = 3) -> tuple[KeyAggregates, float, float]:
     """(aggregates, best aggregation seconds of `repeats`, seconds to build the arrays)."""
     began = time.perf_counter()
-    keys = np.array(list(chain.from_iterable(raw.key_cols)))
-    times = np.fromiter(chain.from_iterable(raw.time_cols), dtype=np.int64, count=raw.events)
+    keys = np.array(
+        list(
+            chain.from_iterable(
+                r.keys if isinstance(r, RequestBatch) else [r.key(i) for i in range(len(r))]
+                for r in raw.records
+            )
+        )
+    )
+    times = np.fromiter(
+        chain.from_iterable(
+            r.event_time_ms if isinstance(r, RequestBatch) else r.event_time_ms.tolist()
+            for r in raw.records
+        ),
+        dtype=np.int64,
+        count=raw.events,
+    )
     convert_s = time.perf_counter() - began
     best = float("inf")
     agg = aggregate_per_key(keys, times)
@@ -435,8 +454,7 @@ def bench_streams(
             agent = _run_agent(bench_settings, events, distinct, Path(tmp), progress)
         rates = _agent_rates(bench_settings, distinct)
         agg, numpy_s, convert_s = _numpy_baseline(raw)
-        raw.key_cols.clear()  # the decoded columns: about 100 MB at a million events
-        raw.time_cols.clear()
+        raw.records.clear()  # the decoded columns: about 100 MB at a million events
         emit = bench_emitter(events=min(events, 300_000), keys=keys, seed=seed)
     finally:
         admin = make_admin(bench_settings)

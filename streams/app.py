@@ -44,11 +44,14 @@ from cacheroute.schemas import (
     codec_for,
     decode_any,
 )
+from cacheroute.schemas.batch_scan import ScannedBatch, scan_request_batch
+from cacheroute.schemas.batch_scan import warm_up as warm_up_reader
 from cacheroute.schemas.errors import format_location
 from cacheroute.schemas.rate_columns import encode_key_rates
 from cacheroute.schemas.rate_columns import warm_up as warm_up_encoder
 from cacheroute.settings import Settings
 from cacheroute.streams.config import StreamConfig
+from cacheroute.streams.keytable import warm_up as warm_up_keys
 from cacheroute.streams.metrics import StreamMetrics
 from cacheroute.streams.state import (
     ApplyResult,
@@ -224,8 +227,19 @@ class StreamsRuntime:
         self.metrics.batches.inc()
         raw = event.value
         try:
-            record = decode_any(raw, topic=msg.topic, partition=partition, offset=offset)
-            if isinstance(record, RequestBatch):
+            # the common case, read straight into columns (schemas/batch_scan.py); anything
+            # else (and any batch with a malformed or future-dated event) is decoded below
+            scanned = None if raw is None else scan_request_batch(raw)
+            fast = (
+                None if scanned is None else state.apply_scanned(scanned, offset, clock_ms=clock_ms)
+            )
+            record: Any
+            if fast is not None and scanned is not None:
+                record, result = scanned, fast
+            elif isinstance(
+                record := decode_any(raw, topic=msg.topic, partition=partition, offset=offset),
+                RequestBatch,
+            ):
                 result = state.apply_batch(record, offset, clock_ms=clock_ms, clock_name=clock_name)
             elif isinstance(record, RequestSummary):
                 result = state.apply_summary(
@@ -260,19 +274,24 @@ class StreamsRuntime:
             self.metrics.batches_dead_lettered.inc()
             return
         try:
+            if isinstance(record, ScannedBatch) and result.late_index:
+                # dead-lettering late events needs the events themselves
+                record = codec_for(RequestBatch).decode(raw, topic=msg.topic, offset=offset)
             self._report(record, result, msg.key, where, clock_name)
         except Exception:  # its events are applied; the next messages must be too
             log.exception("%s: applied, but reporting its bad or late events failed", where)
 
     def _report(
         self,
-        record: RequestBatch | RequestSummary,
+        record: RequestBatch | RequestSummary | ScannedBatch,
         result: ApplyResult,
         key: bytes | None,
         where: str,
         clock_name: str,
     ) -> None:
-        """Dead-letter a message's bad and late events; count everything, per gateway too."""
+        """Dead-letter a message's bad and late events; count everything, per gateway too.
+
+        A `ScannedBatch` has no bad events (else it was decoded), and is decoded for late ones."""
         gateway = record.gateway_id
         for bad in result.bad:
             if isinstance(record, RequestBatch):
@@ -281,12 +300,12 @@ class StreamsRuntime:
                 )
                 body = codec_for(type(ev)).to_json(ev)
                 events = 1
-            else:
+            elif isinstance(record, RequestSummary):
                 body = repr(record.keys[bad.index]).encode()
                 events = record.counts[bad.index]
             clock = ("ahead", events, bad.ahead_ms) if bad.ahead_ms > 0 else None
             self.dead_letter(body, key, bad.reason, where, bad.index, gateway=gateway, clock=clock)
-        if result.late_index:
+        if result.late_index and not isinstance(record, ScannedBatch):
             self._dead_letter_late(record, result, key, where)
         self.metrics.events_accepted.inc(result.accepted)
         self.metrics.events_late.inc(result.late)
@@ -580,6 +599,8 @@ def create_app(
     """
     options = options or StreamsOptions()
     warm_up_encoder()
+    warm_up_reader()
+    warm_up_keys()
     # Faust creates its changelog (and its internal topics) with these, at replication 1 unless
     # told; it never alters a topic that exists.
     replicas, min_insync = replication_for(settings, brokers)
@@ -636,7 +657,8 @@ def create_app(
         async for event in manual.events():
             runtime.handle(event)
             partition = event.message.partition
-            if runtime.due(partition, time.monotonic()):
+            # a window the watermark has closed is emitted now, not at the next timer tick
+            if runtime.due(partition, time.monotonic()) or _closable(runtime.states.get(partition)):
                 await runtime.flush(partition)
 
     @app.timer(interval=max(options.flush_interval_s / 2, 0.05))  # type: ignore[untyped-decorator]

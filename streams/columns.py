@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from cacheroute.schemas.batch_scan import ScannedBatch
 from cacheroute.schemas.codec import dump_columns
 from cacheroute.schemas.rate_columns import RateColumns
+from cacheroute.streams.keytable import KeyTable
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -79,6 +81,7 @@ class WindowColumns:
         "prompt",
         "sum_gap",
         "sum_gap2",
+        "table",
     )
 
     def __init__(self, capacity: int = 256) -> None:
@@ -101,6 +104,8 @@ class WindowColumns:
         self.gap_late = blank("gap_late", capacity)
         self.pend_rows: list[IntArray] = []
         self.pend_t: list[IntArray] = []
+        self.table: KeyTable | None = None
+        """The keys by their bytes (keytable.py), built when a scanned batch first needs it."""
 
     @staticmethod
     def _blank(name: str, size: int) -> IntArray:
@@ -134,6 +139,15 @@ class WindowColumns:
         self.n = row + 1
         return row
 
+    def add_keys(self, keys: list[str], bucket_of: Callable[[str], int]) -> None:
+        """Rows for keys new to this window, in order (one growth step for all of them)."""
+        first = self.n
+        self._grow(first + len(keys))
+        self.index.update(zip(keys, range(first, first + len(keys)), strict=True))
+        self.keys.extend(keys)
+        self.bucket[first : first + len(keys)] = [bucket_of(k) for k in keys]
+        self.n = first + len(keys)
+
     def rows_for(self, keys: Sequence[str], bucket_of: Callable[[str], int]) -> IntArray:
         """Rows of `keys` (one per event), adding keys new to the window in order of appearance."""
         rows = np.fromiter(map(self.index.get, keys, repeat(-1)), np.int64, len(keys))
@@ -147,6 +161,32 @@ class WindowColumns:
                     row = self.add_key(key, bucket_of(key))
                 rows[i] = row
         return rows
+
+    def _synced_table(self) -> KeyTable:
+        """The byte table, holding every row (keys added by text since are added to it)."""
+        table = self.table
+        if table is None:
+            table = self.table = KeyTable()
+        if table.n < self.n:
+            table.add([k.encode() for k in self.keys[table.n : self.n]])
+        return table
+
+    def rows_for_scanned(
+        self, batch: ScannedBatch, sel: IntArray, bucket_of: Callable[[str], int]
+    ) -> IntArray:
+        """Rows of the scanned batch's keys `sel`, adding keys new to the window (in order of
+        appearance, as `rows_for`); only new keys are turned into text."""
+        table = self._synced_table()
+        before = table.n
+        rows = table.rows(batch.buf, batch.key_lo, batch.key_hi, batch.key_hash, sel, insert=True)
+        if table.n > before:
+            self.add_keys(table.new_keys(before), bucket_of)
+        return rows
+
+    def known_rows(self, batch: ScannedBatch, sel: IntArray) -> IntArray:
+        """Rows of the scanned batch's keys `sel`, -1 for keys the window does not hold."""
+        table = self._synced_table()
+        return table.rows(batch.buf, batch.key_lo, batch.key_hi, batch.key_hash, sel, insert=False)
 
     def row(self, key: str, bucket_of: Callable[[str], int]) -> int:
         """The row of one key (added when new)."""

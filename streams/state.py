@@ -27,14 +27,16 @@ gateway and keep the events.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from cacheroute.errors import CacheRouteError
 from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
+from cacheroute.schemas.batch_scan import ScannedBatch
 from cacheroute.schemas.codec import dump_json, load_json
 from cacheroute.schemas.rate_columns import RateColumns
 from cacheroute.streams.columns import WindowColumns
@@ -144,6 +146,51 @@ def table_prefix(partition: int) -> bytes:
     return b"%d|" % partition
 
 
+class _Keys(Protocol):
+    """A batch's keys, as the accumulation needs them: rows of a window, and table buckets."""
+
+    def rows(self, cols: WindowColumns, sel: IntArray | None) -> IntArray:
+        """Rows of the events `sel` (None: all), adding keys new to the window."""
+        ...
+
+    def buckets(self, sel: IntArray) -> list[int]:
+        """The table bucket of each event `sel`'s key."""
+        ...
+
+
+class _TextKeys:
+    """Keys as decoded text (`RequestBatch.keys`)."""
+
+    def __init__(self, keys: list[str], bucket_of: Callable[[str], int]) -> None:
+        self.keys = keys
+        self.bucket_of = bucket_of
+
+    def rows(self, cols: WindowColumns, sel: IntArray | None) -> IntArray:
+        keys = self.keys
+        picked = keys if sel is None else [keys[i] for i in sel.tolist()]
+        return cols.rows_for(picked, self.bucket_of)
+
+    def buckets(self, sel: IntArray) -> list[int]:
+        keys, bucket_of = self.keys, self.bucket_of
+        return [bucket_of(keys[i]) for i in sel.tolist()]
+
+
+class _ScannedKeys:
+    """Keys as byte ranges of a scanned record (`ScannedBatch`)."""
+
+    def __init__(self, batch: ScannedBatch, bucket_of: Callable[[str], int]) -> None:
+        self.batch = batch
+        self.bucket_of = bucket_of
+
+    def rows(self, cols: WindowColumns, sel: IntArray | None) -> IntArray:
+        every = np.arange(len(self.batch), dtype=np.int64) if sel is None else sel
+        return cols.rows_for_scanned(self.batch, every, self.bucket_of)
+
+    def buckets(self, sel: IntArray) -> list[int]:
+        key, bucket_of = self.batch.key, self.bucket_of
+        return [bucket_of(key(i)) for i in sel.tolist()]
+
+
 class PartitionState:
     """Open windows of one partition, their per-key aggregates, watermark and applied offsets."""
 
@@ -171,7 +218,6 @@ class PartitionState:
         """Set by `restore` when it discarded a future-dated watermark (the caller logs it)."""
         self._deletes: list[bytes] = []
         """Table keys to delete at the next flush (windows dropped by `restore`)."""
-        self._bucket_of: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------ applying
     def first_delivery(self, offset: int) -> bool:
@@ -191,13 +237,8 @@ class PartitionState:
         return True
 
     def _bucket(self, key: str) -> int:
-        b = self._bucket_of.get(key)
-        if b is None:
-            if len(self._bucket_of) > 2_000_000:
-                self._bucket_of.clear()
-            b = zlib.crc32(key.encode()) % self.config.buckets
-            self._bucket_of[key] = b
-        return b
+        """The table bucket of a key: stable across processes (a restored key keeps it)."""
+        return zlib.crc32(key.encode()) % self.config.buckets
 
     def _row(self, window: int, key: str, offset: int) -> tuple[WindowColumns, int] | None:
         """The window's columns and the key's row to update, or None when a replayed message is
@@ -256,10 +297,67 @@ class PartitionState:
             result.header_ahead_ms = created - clock_ms
             reference = clock_ms
         if n:
+            times, prompts, prefix, cached, bad_mask = self._screen(
+                batch, result, reference=reference, clock_ms=clock_ms, clock_name=clock_name
+            )
+            keys_of = _TextKeys(batch.keys, self._bucket)
             self._apply_events(
-                batch, offset, result, reference=reference, clock_ms=clock_ms, clock_name=clock_name
+                (times, prompts, prefix, cached), bad_mask, keys_of, offset=offset, result=result
             )
         if not result.header_ahead_ms:
+            self.watermark = max(self.watermark, created)
+        self.last_offset = max(self.last_offset, offset)
+        self._count(result)
+        return result
+
+    def apply_scanned(
+        self,
+        batch: ScannedBatch,
+        offset: int,
+        *,
+        clock_ms: int | None = None,
+    ) -> ApplyResult | None:
+        """`apply_batch` for a batch read by `scan_request_batch`, when every event is good.
+
+        Returns None, having changed nothing, for anything but that common case - an empty
+        batch, columns of different lengths, or any event that is malformed or future-dated -
+        so the caller decodes the record with fastavro and calls `apply_batch`, which names the
+        problem. Late and already-applied events are handled here, as there.
+        """
+        n = len(batch)
+        if not n or any(m != n for m in batch.column_lengths if m >= 0):
+            return None
+        cfg = self.config
+        created = batch.created_ms
+        reference = created
+        header_ahead = 0
+        if clock_ms is not None and created > clock_ms + cfg.max_clock_ahead_ms:
+            header_ahead = created - clock_ms
+            reference = clock_ms
+        times, prompts = batch.event_time_ms, batch.prompt_tokens
+        minus = np.full(n, -1, dtype=np.int64)
+        prefix = minus if batch.prefix_tokens is None else batch.prefix_tokens
+        cached = minus if batch.cached_tokens is None else batch.cached_tokens
+        lengths = batch.key_hi - batch.key_lo  # ASCII: bytes are characters
+        bad = (
+            (prompts < 0)
+            | (prefix < -1)
+            | (cached < -1)
+            | (times > reference + cfg.max_future_ms)
+            | (times < reference - cfg.max_past_ms)
+            | (lengths == 0)
+            | (lengths > cfg.max_key_bytes)
+        )
+        if clock_ms is not None:
+            bad |= times > clock_ms + cfg.max_clock_ahead_ms
+        if bad.any():
+            return None
+        result = ApplyResult(header_ahead_ms=header_ahead)
+        keys_of = _ScannedKeys(batch, self._bucket)
+        self._apply_events(
+            (times, prompts, prefix, cached), bad, keys_of, offset=offset, result=result
+        )
+        if not header_ahead:
             self.watermark = max(self.watermark, created)
         self.last_offset = max(self.last_offset, offset)
         self._count(result)
@@ -334,17 +432,16 @@ class PartitionState:
 
     def _apply_events(
         self,
-        batch: RequestBatch,
+        columns: tuple[IntArray, IntArray, IntArray, IntArray],
+        bad_mask: BoolArray,
+        keys_of: _Keys,
+        *,
         offset: int,
         result: ApplyResult,
-        *,
-        reference: int,
-        clock_ms: int | None,
-        clock_name: str,
     ) -> None:
-        times, prompts, prefix, cached, bad_mask = self._screen(
-            batch, result, reference=reference, clock_ms=clock_ms, clock_name=clock_name
-        )
+        """Count the screened events (`bad_mask` marks the malformed ones): late ones are
+        reported, the others go to their windows."""
+        times = columns[0]
         size = self.config.window_ms
         starts = times - times % size
         late_mask = (starts + size + self.config.grace_ms <= self.watermark) & ~bad_mask
@@ -361,13 +458,12 @@ class PartitionState:
             return
         good_starts = starts if good is None else starts[good]
         first_start = int(good_starts[0])
-        columns = (batch.keys, times, prompts, prefix, cached)
         if offset <= self.replay_until or bool((good_starts != first_start).any()):
             # replay after recovery, or a batch spanning windows: the general path
             every = np.arange(times.shape[0]) if good is None else good
-            self._accumulate_checked(every, starts, columns, offset, result)
+            self._accumulate_checked(every, starts, columns, keys_of, offset=offset, result=result)
         else:
-            self._accumulate(first_start, good, columns)
+            self._accumulate(first_start, good, columns, keys_of)
             result.accepted = times.shape[0] if good is None else good.shape[0]
         # every good event is at most max_clock_ahead_ms ahead of the trusted clock (screened)
         self.watermark = max(
@@ -378,14 +474,15 @@ class PartitionState:
         self,
         good: IntArray,
         starts: IntArray,
-        columns: tuple[list[str], IntArray, IntArray, IntArray, IntArray],
+        columns: tuple[IntArray, IntArray, IntArray, IntArray],
+        keys_of: _Keys,
+        *,
         offset: int,
         result: ApplyResult,
     ) -> None:
         """Events of several windows, or of a message that may have been applied before a
         restart: per window, the events whose bucket already includes `offset` are skipped
         (`replayed`), as is a window that closed since the restart."""
-        keys = columns[0]
         window_of = starts[good]
         for window in np.unique(window_of).tolist():
             sel = good[window_of == window]
@@ -393,39 +490,37 @@ class PartitionState:
                 if offset <= self.restored_offset and window not in self.windows:
                     result.replayed += sel.shape[0]  # applied before to a window closed since
                     continue
-                buckets = [self._bucket(keys[i]) for i in sel.tolist()]
                 included = np.fromiter(
-                    (self.applied.get((window, b), -1) >= offset for b in buckets),
+                    (self.applied.get((window, b), -1) >= offset for b in keys_of.buckets(sel)),
                     np.bool_,
-                    len(buckets),
+                    sel.shape[0],
                 )
                 if included.any():
                     result.replayed += int(included.sum())
                     sel = sel[~included]
                     if not sel.size:
                         continue
-            self._accumulate(window, sel, columns)
+            self._accumulate(window, sel, columns, keys_of)
             result.accepted += sel.shape[0]
 
     def _accumulate(
         self,
         window: int,
         sel: IntArray | None,
-        columns: tuple[list[str], IntArray, IntArray, IntArray, IntArray],
+        columns: tuple[IntArray, IntArray, IntArray, IntArray],
+        keys_of: _Keys,
     ) -> None:
-        """Add the events `sel` (None: all) of one window: one dict lookup per event, then a few
+        """Add the events `sel` (None: all) of one window: a key lookup per event, then a few
         vectorised passes (columns.py)."""
-        keys, times, prompts, prefix, cached = columns
+        times, prompts, prefix, cached = columns
         cols = self.windows.get(window)
         if cols is None:
             cols = self.windows[window] = WindowColumns()
+        rows = keys_of.rows(cols, sel)
         if sel is None:
-            rows = cols.rows_for(keys, self._bucket)
             cols.add_events(rows, times, prompts, prefix, cached)
-            return
-        picked = [keys[i] for i in sel.tolist()]
-        rows = cols.rows_for(picked, self._bucket)
-        cols.add_events(rows, times[sel], prompts[sel], prefix[sel], cached[sel])
+        else:
+            cols.add_events(rows, times[sel], prompts[sel], prefix[sel], cached[sel])
 
     def apply_summary(
         self,

@@ -40,6 +40,10 @@ PURE = [
     ROOT / "dispatcher" / "routing.py",
     ROOT / "streams" / "state.py",
     ROOT / "streams" / "keyagg.py",
+    ROOT / "streams" / "columns.py",
+    ROOT / "streams" / "keytable.py",
+    ROOT / "schemas" / "batch_scan.py",
+    ROOT / "schemas" / "rate_columns.py",
 ]
 KAFKA = {"confluent_kafka", "faust", "aiokafka", "mode"}
 

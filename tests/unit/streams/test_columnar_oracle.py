@@ -16,7 +16,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheroute.schemas import RequestBatch, RequestSummary
+from cacheroute.schemas import RequestBatch, RequestSummary, codec_for
+from cacheroute.schemas.batch_scan import scan_request_batch
 from cacheroute.streams.config import StreamConfig
 from cacheroute.streams.state import ClockError, PartitionState
 
@@ -59,9 +60,18 @@ def _results(res: Any) -> tuple[Any, ...]:
     )
 
 
-def _apply(state: Any, record: Any, offset: int, clock: int) -> tuple[Any, ...]:
+def _apply(
+    state: Any, record: Any, offset: int, clock: int, *, scanned: bool = False
+) -> tuple[Any, ...]:
     try:
         if isinstance(record, RequestBatch):
+            if scanned:
+                # the agent's path: the record's bytes read into columns, when that reader
+                # takes it and every event is good (else None: the decoded path, as the agent)
+                read = scan_request_batch(codec_for(RequestBatch).encode(record))
+                done = None if read is None else state.apply_scanned(read, offset, clock_ms=clock)
+                if done is not None:
+                    return _results(done)
             return _results(state.apply_batch(record, offset, clock_ms=clock))
         return _results(state.apply_summary(record, offset, clock_ms=clock))
     except ClockError as exc:
@@ -151,6 +161,18 @@ def _record(kind: str, gw: int, items: list[Any], now: int) -> Any:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(op, min_size=1, max_size=60))
 def test_columnar_state_matches_the_per_event_oracle(ops: list[Any]) -> None:
+    """Batches as the agent takes them: scanned from their bytes where that reader can."""
+    _run(ops, scanned=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(op, min_size=1, max_size=60))
+def test_columnar_state_from_decoded_batches_matches_the_oracle(ops: list[Any]) -> None:
+    """Batches decoded by fastavro (`apply_batch`), as for records the reader does not take."""
+    _run(ops, scanned=False)
+
+
+def _run(ops: list[Any], *, scanned: bool) -> None:
     twin = Twin(PartitionState(0, CFG), oracle_state.PartitionState(0, CFG), {}, {})
     log: list[tuple[int, Any, int]] = []  # (offset, record, clock) as Kafka holds them
     flushed_upto = -1  # newest offset whose effect a flush made durable (acked)
@@ -163,7 +185,7 @@ def test_columnar_state_matches_the_per_event_oracle(ops: list[Any]) -> None:
                 items = _events(items)
             offset = len(log)
             log.append((offset, _record(step[0], gw, items, now), now))
-            got = _apply(twin.new, log[-1][1], offset, now)
+            got = _apply(twin.new, log[-1][1], offset, now, scanned=scanned)
             want = _apply(twin.old, log[-1][1], offset, now)
             assert got == want
         elif step[0] == "flush":
@@ -178,12 +200,14 @@ def test_columnar_state_matches_the_per_event_oracle(ops: list[Any]) -> None:
                 0, CFG, list(twin.table_old.items()), now_ms=now
             )
             for offset, record, clock in log[max(0, flushed_upto + 1 - back) :]:
-                assert _apply(twin.new, record, offset, clock) == _apply(
+                assert _apply(twin.new, record, offset, clock, scanned=scanned) == _apply(
                     twin.old, record, offset, clock
                 )
         _check_same(twin)
     now += 10 * CFG.window_ms  # a heartbeat past every window: everything closes
     beat = RequestBatch("gw0", 0, now, [], [], [])
-    assert _apply(twin.new, beat, len(log), now) == _apply(twin.old, beat, len(log), now)
+    assert _apply(twin.new, beat, len(log), now, scanned=scanned) == _apply(
+        twin.old, beat, len(log), now
+    )
     assert _flush(twin.new, twin.table_new) == _flush(twin.old, twin.table_old)
     _check_same(twin)

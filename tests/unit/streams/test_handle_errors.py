@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cacheroute.schemas import KeyRate, RequestBatch, codec_for
+from cacheroute.schemas.batch_scan import ScannedBatch
 from cacheroute.streams import app as app_module
 from cacheroute.streams.app import StreamsRuntime
 from cacheroute.streams.state import PartitionState
@@ -53,7 +54,15 @@ def test_a_message_whose_handling_raises_is_dead_lettered_and_the_next_ones_coun
             raise KeyError("simulated")
         return real_apply(self, batch, offset, **kw)
 
+    real_scanned = PartitionState.apply_scanned
+
+    def apply_scanned(self: PartitionState, batch: ScannedBatch, offset: int, **kw: Any) -> Any:
+        if batch.gateway_id == "gw-poison":  # the agent's usual path for such a batch
+            raise KeyError("simulated")
+        return real_scanned(self, batch, offset, **kw)
+
     monkeypatch.setattr(PartitionState, "apply_batch", apply_batch)
+    monkeypatch.setattr(PartitionState, "apply_scanned", apply_scanned)
     runtime, producer, stream = _runtime()
     messages = [
         _batch("a", T0 + 100),

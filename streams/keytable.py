@@ -1,0 +1,235 @@
+"""Key bytes -> row of a window, probed by a compiled loop: the agent's per-event key lookup.
+
+Why not the window's dict: a batch's keys would each have to become a `str` (hashing it, then a
+dict probe that compares text): about 0.2 us an event with fresh strings, the largest cost left
+once the rest was vectorised. Here the reader's hash of each key's bytes (batch_scan.py) probes
+an open-addressing table in numpy, and a hit is confirmed byte for byte against the key's bytes
+kept in an arena, so equal hashes of different keys (by chance or chosen) cost a longer probe,
+never a wrong row. Only a key new to the window becomes a `str`.
+
+Rows are assigned in order of first appearance, the same numbering as `WindowColumns` rows: the
+table holds rows 0..n-1 of the window, and the window syncs keys it added by text before it
+probes (`WindowColumns.sync_table`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any, TypeVar, cast
+
+import numba
+import numpy as np
+from numpy.typing import NDArray
+
+from cacheroute.schemas.batch_scan import KEY_SEED
+
+__all__ = ["KeyTable", "hash_key", "warm_up"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+IntArray = NDArray[np.int64]
+
+_FNV_PRIME = 0x100000001B3
+_M64 = (1 << 64) - 1
+
+
+def _njit(fn: F) -> F:
+    return cast(F, numba.njit(cache=True, nogil=True)(fn))
+
+
+def hash_key(data: bytes) -> int:
+    """The reader's hash of a key's bytes (FNV-1a from `KEY_SEED`; a reference for tests)."""
+    h = int(KEY_SEED)
+    for b in data:
+        h = ((h ^ b) * _FNV_PRIME) & _M64
+    return h
+
+
+@_njit
+def _hash_ranges(buf: Any, lo: Any, hi: Any, seed: np.uint64, out: Any) -> None:
+    prime = np.uint64(_FNV_PRIME)
+    for j in range(lo.shape[0]):
+        h = seed
+        for i in range(lo[j], hi[j]):
+            h = (h ^ np.uint64(buf[i])) * prime
+        out[j] = h
+
+
+@_njit
+def _probe(  # noqa: PLR0917 - the table's arrays, passed positionally to numba
+    buf: Any,
+    lo: Any,
+    hi: Any,
+    h: Any,
+    sel: Any,
+    slots: Any,
+    arena: Any,
+    offs: Any,
+    n: int,
+    used: int,
+    insert: bool,
+    rows: Any,
+) -> tuple[int, int]:
+    """rows[j] = the row of key sel[j] (added when new and `insert`, else -1): (n, used) after.
+
+    A slot is (hash bits, row, arena offset, length): one cache line tells a miss, and a hit
+    reads the arena once to confirm it."""
+    mask = slots.shape[0] - 1
+    # Touch every key's home slot, then its arena bytes, before probing: the loads of one pass
+    # do not depend on each other, so the CPU overlaps their cache misses (a window's table is
+    # rarely in cache when its partition's next batch comes), and the probes then hit.
+    touched = 0
+    for j in range(sel.shape[0]):
+        touched += slots[h[sel[j]] & mask, 2]
+    for j in range(sel.shape[0]):
+        start = slots[h[sel[j]] & mask, 2]
+        if start >= 0:
+            touched += arena[start]
+    if sel.shape[0]:
+        rows[0] = touched  # (keeps the loads; overwritten below)
+    for j in range(sel.shape[0]):
+        i = sel[j]
+        a, b = lo[i], hi[i]
+        length = b - a
+        hv = h[i]
+        slot = hv & mask
+        while True:
+            r = slots[slot, 1]
+            if r < 0:
+                if insert:
+                    r = n
+                    n += 1
+                    slots[slot, 0] = hv
+                    slots[slot, 1] = r
+                    slots[slot, 2] = used
+                    slots[slot, 3] = length
+                    offs[r] = used
+                    arena[used : used + length] = buf[a:b]
+                    used += length
+                    offs[r + 1] = used
+                rows[j] = r
+                break
+            if slots[slot, 0] == hv and slots[slot, 3] == length:
+                start = slots[slot, 2]
+                same = True
+                for k in range(length):
+                    if arena[start + k] != buf[a + k]:
+                        same = False
+                        break
+                if same:
+                    rows[j] = r
+                    break
+            slot = (slot + 1) & mask
+    return n, used
+
+
+@_njit
+def _rehash(old: Any, slots: Any) -> None:
+    mask = slots.shape[0] - 1
+    for e in range(old.shape[0]):
+        if old[e, 1] < 0:
+            continue
+        slot = old[e, 0] & mask
+        while slots[slot, 1] >= 0:
+            slot = (slot + 1) & mask
+        slots[slot, :] = old[e, :]
+
+
+class KeyTable:
+    """The keys of one window by their bytes; row numbers in order of addition."""
+
+    __slots__ = ("arena", "n", "offs", "slots", "used")
+
+    def __init__(self) -> None:
+        self.slots: IntArray = np.full((1024, 4), -1, np.int64)
+        """Per slot: the key's hash bits, its row (-1: empty), arena offset and length."""
+        self.offs: IntArray = np.zeros(257, np.int64)
+        self.arena: NDArray[np.uint8] = np.zeros(4096, np.uint8)
+        self.n = 0
+        self.used = 0
+
+    def _reserve(self, rows: int, nbytes: int) -> None:
+        """Room for `rows` more keys of `nbytes` bytes in all (load factor kept <= 1/2)."""
+        need = self.n + rows
+        if need + 1 > self.offs.shape[0]:
+            size = max(need, 2 * (self.offs.shape[0] - 1))
+            offs = np.zeros(size + 1, np.int64)
+            offs[: self.n + 1] = self.offs[: self.n + 1]
+            self.offs = offs
+        if self.used + nbytes > self.arena.shape[0]:
+            size = max(self.used + nbytes, 2 * self.arena.shape[0])
+            arena = np.zeros(size, np.uint8)
+            arena[: self.used] = self.arena[: self.used]
+            self.arena = arena
+        if 2 * need > self.slots.shape[0]:
+            size = self.slots.shape[0]
+            while 2 * need > size:
+                size *= 2
+            old, self.slots = self.slots, np.full((size, 4), -1, np.int64)
+            _rehash(old, self.slots)
+
+    def rows(
+        self,
+        buf: NDArray[np.uint8],
+        lo: IntArray,
+        hi: IntArray,
+        h: NDArray[np.uint64],
+        sel: IntArray,
+        *,
+        insert: bool,
+    ) -> IntArray:
+        """Rows of the keys `sel` (byte ranges of `buf` with their hashes): new keys are added
+        (with `insert`; else their row is -1). New rows are `n` before .. `n` after, in order."""
+        if insert:
+            self._reserve(sel.shape[0], int((hi[sel] - lo[sel]).sum()))
+        out = np.empty(sel.shape[0], np.int64)
+        self.n, self.used = _probe(
+            buf,
+            lo,
+            hi,
+            h.view(np.int64),
+            sel,
+            self.slots,
+            self.arena,
+            self.offs,
+            self.n,
+            self.used,
+            insert,
+            out,
+        )
+        return out
+
+    def key_bytes(self, row: int) -> bytes:
+        """The bytes of the key at `row`."""
+        return self.arena[self.offs[row] : self.offs[row + 1]].tobytes()
+
+    def new_keys(self, first: int) -> list[str]:
+        """The keys of rows `first`.. as text (what a window keeps of keys new to it)."""
+        offs = self.offs[first : self.n + 1].tolist()
+        blob = self.arena[offs[0] : offs[-1]].tobytes()
+        base = offs[0]
+        return [blob[a - base : b - base].decode() for a, b in pairwise(offs)]
+
+    def add(self, keys: list[bytes]) -> None:
+        """Add keys known to be new, by their bytes (rows `n`.. in order)."""
+        if not keys:
+            return
+        buf = np.frombuffer(b"".join(keys), np.uint8)
+        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+        hi = np.cumsum(lengths)
+        lo = hi - lengths
+        h = np.empty(len(keys), np.uint64)
+        _hash_ranges(buf, lo, hi, KEY_SEED, h)
+        self.rows(buf, lo, hi, h, np.arange(len(keys), dtype=np.int64), insert=True)
+
+
+def warm_up() -> None:
+    """Compile the table's loops now (or load them from numba's disk cache): a worker calls this
+    at start, so its first batch does not wait for them."""
+    table = KeyTable()
+    table.add([b"warm-up"])
+    buf = np.frombuffer(b"warm-up", np.uint8)
+    at = np.zeros(1, np.int64)
+    h = np.array([hash_key(b"warm-up")], np.uint64)
+    table.rows(buf, at, at + 7, h, at, insert=False)
+    table._reserve(2000, 0)  # a rehash
