@@ -19,20 +19,18 @@ followed by the block's byte size), a union its branch index then the value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
-import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from cacheroute.schemas.avrojit import njit
 from cacheroute.schemas.codec import codec_for
 from cacheroute.schemas.records import RequestBatch
 
 __all__ = ["BATCH_FIELDS", "ScannedBatch", "scan_request_batch"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 BATCH_FIELDS = (
     ("gateway_id", "string"),
@@ -49,14 +47,10 @@ BATCH_FIELDS = (
 """The schema this reader reads (checked against request_batch.avsc by the tests)."""
 
 
-def _njit(fn: F) -> F:
-    return cast(F, numba.njit(cache=True, nogil=True)(fn))
-
-
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-@_njit
+@njit
 def _long(buf: Any, pos: int, end: int) -> tuple[Any, int, bool]:
     """(value, position after it, ok) of the zig-zag varint at `pos`."""
     acc = np.uint64(0)
@@ -76,7 +70,7 @@ def _long(buf: Any, pos: int, end: int) -> tuple[Any, int, bool]:
     return 0, pos, False
 
 
-@_njit
+@njit
 def _ascii_string(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     """(start, end, ok) of an ASCII string's bytes at `pos`; not ok for other text."""
     n, pos, ok = _long(buf, pos, end)
@@ -88,7 +82,7 @@ def _ascii_string(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     return pos, pos + n, True
 
 
-@_njit
+@njit
 def _block(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     """(items in the next array block, position of its first item, ok); 0 items ends the array."""
     count, pos, ok = _long(buf, pos, end)
@@ -104,7 +98,7 @@ def _block(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     return count, pos, True
 
 
-@_njit
+@njit
 def _ints(buf: Any, pos: int, end: int, out: Any, int32: bool) -> tuple[int, int, bool]:
     """Read an array of long (or int, range-checked) into `out`: (items, position, ok)."""
     n = 0
@@ -122,7 +116,7 @@ def _ints(buf: Any, pos: int, end: int, out: Any, int32: bool) -> tuple[int, int
             n += 1
 
 
-@_njit
+@njit
 def _skip_strings(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     """Skip an array of ASCII strings: (items, position, ok)."""
     n = 0
@@ -139,7 +133,7 @@ def _skip_strings(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
             n += 1
 
 
-@_njit
+@njit
 def _skip_long_arrays(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     """Skip an array of arrays of long: (items, position, ok)."""
     n = 0
@@ -163,7 +157,7 @@ def _skip_long_arrays(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
             n += 1
 
 
-@_njit
+@njit
 def _count_keys(buf: Any, pos: int) -> int:
     """How many keys the record holds (-1: malformed before the end of its key array)."""
     end = buf.shape[0]
@@ -178,7 +172,7 @@ def _count_keys(buf: Any, pos: int) -> int:
     return n if ok else -1
 
 
-@_njit
+@njit
 def _scan(  # noqa: PLR0911, PLR0912, PLR0917 - one compiled pass, a bail-out per malformation
     buf: Any,
     pos: int,

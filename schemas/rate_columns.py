@@ -13,26 +13,18 @@ Avro binary, per the specification: `long` is a zig-zag varint, `double` 8 bytes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
-import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from cacheroute.schemas.avrojit import njit, write_long
 from cacheroute.schemas.codec import codec_for
 from cacheroute.schemas.records import KeyRate
 
 __all__ = ["KEY_RATE_FIELDS", "RateColumns", "encode_key_rates", "from_records", "warm_up"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def njit(fn: F) -> F:
-    """numba nopython, cached on disk (a new worker loads the loop instead of compiling it)."""
-    return cast(F, numba.njit(cache=True, nogil=True)(fn))
-
 
 KEY_RATE_FIELDS = (
     ("key", "string"),
@@ -105,18 +97,6 @@ class RateColumns:
 
 
 @njit
-def _varint(out: Any, pos: int, value: int) -> int:
-    """Write `value` (int64) as Avro's zig-zag varint at `pos`; the position after it."""
-    v = np.uint64((value << 1) ^ (value >> 63))
-    while v >= np.uint64(0x80):
-        out[pos] = np.uint8((v & np.uint64(0x7F)) | np.uint64(0x80))
-        v >>= np.uint64(7)
-        pos += 1
-    out[pos] = np.uint8(v)
-    return pos + 1
-
-
-@njit
 def _encode(  # noqa: PLR0917 - one array per column, passed positionally to numba
     header: Any,
     key_bytes: Any,
@@ -142,12 +122,12 @@ def _encode(  # noqa: PLR0917 - one array per column, passed positionally to num
         out[pos : pos + h] = header
         pos += h
         lo, hi = key_off[i], key_off[i + 1]
-        pos = _varint(out, pos, hi - lo)
+        pos = write_long(out, pos, hi - lo)
         out[pos : pos + hi - lo] = key_bytes[lo:hi]
         pos += hi - lo
-        pos = _varint(out, pos, start)
-        pos = _varint(out, pos, end)
-        pos = _varint(out, pos, count[i])
+        pos = write_long(out, pos, start)
+        pos = write_long(out, pos, end)
+        pos = write_long(out, pos, count[i])
         out[pos : pos + 8] = rate8[8 * i : 8 * i + 8]
         pos += 8
         if has_mean[i]:
@@ -164,9 +144,9 @@ def _encode(  # noqa: PLR0917 - one array per column, passed positionally to num
         else:
             out[pos] = 0
             pos += 1
-        pos = _varint(out, pos, prompt[i])
-        pos = _varint(out, pos, prefix[i])
-        pos = _varint(out, pos, cached[i])
+        pos = write_long(out, pos, prompt[i])
+        pos = write_long(out, pos, prefix[i])
+        pos = write_long(out, pos, cached[i])
     out_off[count.shape[0]] = pos
 
 

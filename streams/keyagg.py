@@ -41,7 +41,9 @@ class KeyStats:
 
 
 class KeyAgg:
-    """Mutable aggregate of one key in one window (hot path: plain attributes, no dataclass)."""
+    """Mutable aggregate of one key in one window: the definition the columnar state
+    (columns.py) implements per batch, the form changelogs written before it hold (read on
+    restore), and the reference its tests compare against."""
 
     __slots__ = (
         "cached_sum",

@@ -14,27 +14,21 @@ probes (`WindowColumns.sync_table`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import pairwise
-from typing import Any, TypeVar, cast
+from typing import Any
 
-import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from cacheroute.schemas.avrojit import njit
 from cacheroute.schemas.batch_scan import KEY_SEED
 
 __all__ = ["KeyTable", "hash_key", "warm_up"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 IntArray = NDArray[np.int64]
 
 _FNV_PRIME = 0x100000001B3
 _M64 = (1 << 64) - 1
-
-
-def _njit(fn: F) -> F:
-    return cast(F, numba.njit(cache=True, nogil=True)(fn))
 
 
 def hash_key(data: bytes) -> int:
@@ -45,7 +39,7 @@ def hash_key(data: bytes) -> int:
     return h
 
 
-@_njit
+@njit
 def _hash_ranges(buf: Any, lo: Any, hi: Any, seed: np.uint64, out: Any) -> None:
     prime = np.uint64(_FNV_PRIME)
     for j in range(lo.shape[0]):
@@ -55,7 +49,7 @@ def _hash_ranges(buf: Any, lo: Any, hi: Any, seed: np.uint64, out: Any) -> None:
         out[j] = h
 
 
-@_njit
+@njit
 def _probe(  # noqa: PLR0917 - the table's arrays, passed positionally to numba
     buf: Any,
     lo: Any,
@@ -123,7 +117,7 @@ def _probe(  # noqa: PLR0917 - the table's arrays, passed positionally to numba
     return n, used
 
 
-@_njit
+@njit
 def _rehash(old: Any, slots: Any) -> None:
     mask = slots.shape[0] - 1
     for e in range(old.shape[0]):

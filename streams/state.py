@@ -1,8 +1,12 @@
 """The windowed per-key state of one `requests` partition — pure, no Kafka, no clock.
 
 The Faust agent (streams/app.py) owns one `PartitionState` per assigned partition. It applies each
-decoded batch with its source offset, and every flush turns the state into (a) `KeyRate` records of
-windows that closed and (b) table writes for the Faust changelog.
+batch with its source offset - read straight from its bytes into columns (`apply_scanned`), or
+decoded by fastavro (`apply_batch`) when that reader declines it or an event is malformed - and
+every flush turns the state into (a) the key rates of windows that closed and (b) table writes for
+the Faust changelog. Each window's keys are rows of numpy columns (columns.py) with the per-key
+semantics of `KeyAgg` (keyagg.py); tests/unit/streams/oracle_state.py keeps the per-event state
+this replaced, and a property test holds the two to the same output.
 
 Table layout, and why: one table entry per (partition, window, bucket), value = every key of that
 bucket with its aggregate plus the highest source offset the entry includes. A per-key entry would

@@ -27,6 +27,8 @@ from cacheroute.dispatcher.emitter.summary import summary_from
 from cacheroute.dispatcher.emitter.throttle import ThrottledLog
 from cacheroute.dispatcher.emitter.transport import ProducerLike
 from cacheroute.schemas import RequestBatch, RequestSummary, SchemaError, codec_for
+from cacheroute.schemas.batch_write import encode_request_batch
+from cacheroute.schemas.batch_write import warm_up as warm_up_writer
 
 __all__ = ["Ledger", "Outgoing", "Sealer", "Taken"]
 
@@ -94,6 +96,7 @@ class Sealer:
         self._last_sent = [now_ms] * partitions
         self._pending: list[deque[Outgoing]] = [deque() for _ in range(partitions)]
         self._now = now_ms  # time of the current cycle, for delivery reports that run inside it
+        warm_up_writer()  # load the compiled writer now, not inside the first seal
 
     @property
     def waiting(self) -> bool:
@@ -121,7 +124,8 @@ class Sealer:
         n = len(cols)
         try:
             batch = batch_from(self.gateway_id, self._seq[p], now, cols)
-            value = self._batch_codec.encode(batch, validate=False)
+            # the compiled writer for the usual batch, fastavro for the rest (batch_write.py)
+            value = encode_request_batch(batch) or self._batch_codec.encode(batch, validate=False)
         except SchemaError as exc:  # emit validates, so only a bug gets here: isolate it
             if n <= 1:
                 self._fail(Outgoing(p, self._seq[p], b"", n, n), "unencodable", str(exc))
