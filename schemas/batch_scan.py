@@ -117,25 +117,21 @@ def _ints(buf: Any, pos: int, end: int, out: Any, int32: bool) -> tuple[int, int
 
 
 @njit
-def _skip_strings(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
-    """Skip an array of ASCII strings: (items, position, ok)."""
-    n = 0
+def _skip_long_array(buf: Any, pos: int, end: int) -> tuple[int, bool]:
+    """Skip an array of long: (position after it, ok)."""
     while True:
         count, pos, ok = _block(buf, pos, end)
-        if not ok:
-            return n, pos, False
-        if count == 0:
-            return n, pos, True
+        if not ok or count == 0:
+            return pos, ok
         for _ in range(count):
-            _, pos, ok = _ascii_string(buf, pos, end)
+            _, pos, ok = _long(buf, pos, end)
             if not ok:
-                return n, pos, False
-            n += 1
+                return pos, False
 
 
 @njit
-def _skip_long_arrays(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
-    """Skip an array of arrays of long: (items, position, ok)."""
+def _skip_array(buf: Any, pos: int, end: int, strings: bool) -> tuple[int, int, bool]:
+    """Skip an array of ASCII strings (`strings`) or of arrays of long: (items, position, ok)."""
     n = 0
     while True:
         count, pos, ok = _block(buf, pos, end)
@@ -144,16 +140,12 @@ def _skip_long_arrays(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
         if count == 0:
             return n, pos, True
         for _ in range(count):
-            while True:
-                inner, pos, ok = _block(buf, pos, end)
-                if not ok:
-                    return n, pos, False
-                if inner == 0:
-                    break
-                for _ in range(inner):
-                    _, pos, ok = _long(buf, pos, end)
-                    if not ok:
-                        return n, pos, False
+            if strings:
+                _, pos, ok = _ascii_string(buf, pos, end)
+            else:
+                pos, ok = _skip_long_array(buf, pos, end)
+            if not ok:
+                return n, pos, False
             n += 1
 
 
@@ -168,7 +160,7 @@ def _count_keys(buf: Any, pos: int) -> int:
         _, pos, ok = _long(buf, pos, end)
         if not ok:
             return -1
-    n, _, ok = _skip_strings(buf, pos, end)
+    n, _, ok = _skip_array(buf, pos, end, True)
     return n if ok else -1
 
 
@@ -243,9 +235,9 @@ def _scan(  # noqa: PLR0911, PLR0912, PLR0917 - one compiled pass, a bail-out pe
             elif col == 4:
                 m, pos, ok = _ints(buf, pos, end, cached, True)
             elif col == 5:
-                m, pos, ok = _skip_strings(buf, pos, end)
+                m, pos, ok = _skip_array(buf, pos, end, True)
             else:
-                m, pos, ok = _skip_long_arrays(buf, pos, end)
+                m, pos, ok = _skip_array(buf, pos, end, False)
             if not ok:
                 return False
         lengths[col] = m

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from cacheroute.schemas import RequestBatch, SchemaError, codec_for, load_schema
 from cacheroute.schemas.batch_scan import BATCH_FIELDS, ScannedBatch, scan_request_batch
 
+from .batch_strategies import ASCII, batches
+
 CODEC = codec_for(RequestBatch)
-INTS = st.integers(-(2**31), 2**31 - 1)
-LONGS = st.integers(-(2**63), 2**63 - 1)
 
 
 def _type_name(t: object) -> str:
@@ -26,30 +26,6 @@ def _type_name(t: object) -> str:
 def test_the_schema_is_the_one_the_reader_reads() -> None:
     fields = load_schema("request_batch.avsc")["fields"]
     assert [(f["name"], _type_name(f["type"])) for f in fields] == list(BATCH_FIELDS)
-
-
-@st.composite
-def batches(draw: st.DrawFn, text: st.SearchStrategy[str]) -> RequestBatch:
-    n = draw(st.integers(0, 30))
-
-    def column(values: st.SearchStrategy[object]) -> list[object]:
-        return draw(st.lists(values, min_size=n, max_size=n))
-
-    def optional(values: st.SearchStrategy[object]) -> list[object] | None:
-        return None if draw(st.booleans()) else column(values)
-
-    return RequestBatch(
-        gateway_id=draw(text),
-        seq=draw(LONGS),
-        created_ms=draw(LONGS),
-        keys=column(text),  # type: ignore[arg-type]
-        event_time_ms=column(LONGS),  # type: ignore[arg-type]
-        prompt_tokens=column(INTS),  # type: ignore[arg-type]
-        prefix_tokens=optional(INTS),  # type: ignore[arg-type]
-        cached_tokens=optional(INTS),  # type: ignore[arg-type]
-        destinations=optional(text),  # type: ignore[arg-type]
-        prefix_block_hashes=optional(st.lists(LONGS, max_size=4)),  # type: ignore[arg-type]
-    )
 
 
 def _same(scanned: ScannedBatch | None, batch: RequestBatch) -> None:
@@ -76,7 +52,7 @@ def _same(scanned: ScannedBatch | None, batch: RequestBatch) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(batches(st.text(alphabet=st.characters(max_codepoint=127), max_size=12)))
+@given(batches(ASCII))
 def test_ascii_batches_read_as_fastavro_reads_them(batch: RequestBatch) -> None:
     _same(scan_request_batch(CODEC.encode(batch)), batch)
 

@@ -8,34 +8,9 @@ from hypothesis import strategies as st
 from cacheroute.schemas import RequestBatch, codec_for
 from cacheroute.schemas.batch_write import encode_request_batch
 
+from .batch_strategies import ASCII, batches
+
 CODEC = codec_for(RequestBatch)
-INTS = st.integers(-(2**31), 2**31 - 1)
-LONGS = st.integers(-(2**63), 2**63 - 1)
-ASCII = st.text(alphabet=st.characters(max_codepoint=127), max_size=12)
-
-
-@st.composite
-def batches(draw: st.DrawFn, text: st.SearchStrategy[str], hashes: bool) -> RequestBatch:
-    n = draw(st.integers(0, 30))
-
-    def column(values: st.SearchStrategy[object]) -> list[object]:
-        return draw(st.lists(values, min_size=n, max_size=n))
-
-    def optional(values: st.SearchStrategy[object]) -> list[object] | None:
-        return None if draw(st.booleans()) else column(values)
-
-    return RequestBatch(
-        gateway_id=draw(text),
-        seq=draw(LONGS),
-        created_ms=draw(LONGS),
-        keys=column(text),  # type: ignore[arg-type]
-        event_time_ms=column(LONGS),  # type: ignore[arg-type]
-        prompt_tokens=column(INTS),  # type: ignore[arg-type]
-        prefix_tokens=optional(INTS),  # type: ignore[arg-type]
-        cached_tokens=optional(INTS),  # type: ignore[arg-type]
-        destinations=optional(text),  # type: ignore[arg-type]
-        prefix_block_hashes=optional(st.lists(LONGS, max_size=3)) if hashes else None,  # type: ignore[arg-type]
-    )
 
 
 @settings(max_examples=300, deadline=None)
