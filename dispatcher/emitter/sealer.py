@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,8 +28,6 @@ from cacheroute.dispatcher.emitter.summary import summary_from
 from cacheroute.dispatcher.emitter.throttle import ThrottledLog
 from cacheroute.dispatcher.emitter.transport import ProducerLike
 from cacheroute.schemas import RequestBatch, RequestSummary, SchemaError, codec_for
-from cacheroute.schemas.batch_write import encode_request_batch
-from cacheroute.schemas.batch_write import warm_up as warm_up_writer
 
 __all__ = ["Ledger", "Outgoing", "Sealer", "Taken"]
 
@@ -68,6 +67,18 @@ class Ledger(Protocol):
         """A record was delivered, or is lost for good."""
 
 
+def _compiled_writer() -> Callable[[RequestBatch], bytes | None] | None:
+    """The compiled batch writer (schemas/batch_write.py), loaded now rather than inside the
+    first seal; None where numba is not installed (a gateway's base install): fastavro then
+    writes every batch, the same bytes at about seven times the cost."""
+    try:
+        from cacheroute.schemas import batch_write  # noqa: PLC0415 - numba is optional here
+    except ImportError:
+        return None
+    batch_write.warm_up()
+    return batch_write.encode_request_batch
+
+
 class Sealer:
     """Seals, encodes, queues and produces records; not thread-safe (the emitter serialises it)."""
 
@@ -96,7 +107,7 @@ class Sealer:
         self._last_sent = [now_ms] * partitions
         self._pending: list[deque[Outgoing]] = [deque() for _ in range(partitions)]
         self._now = now_ms  # time of the current cycle, for delivery reports that run inside it
-        warm_up_writer()  # load the compiled writer now, not inside the first seal
+        self._compiled = _compiled_writer()
 
     @property
     def waiting(self) -> bool:
@@ -125,7 +136,10 @@ class Sealer:
         try:
             batch = batch_from(self.gateway_id, self._seq[p], now, cols)
             # the compiled writer for the usual batch, fastavro for the rest (batch_write.py)
-            value = encode_request_batch(batch) or self._batch_codec.encode(batch, validate=False)
+            compiled = self._compiled
+            value = (compiled and compiled(batch)) or self._batch_codec.encode(
+                batch, validate=False
+            )
         except SchemaError as exc:  # emit validates, so only a bug gets here: isolate it
             if n <= 1:
                 self._fail(Outgoing(p, self._seq[p], b"", n, n), "unencodable", str(exc))
