@@ -116,3 +116,33 @@ def test_a_failure_while_reporting_an_applied_message_does_not_stop_the_next(
     assert metric(runtime, "batches_dead_lettered") == 0
     assert not [s for s in producer.sent if s.topic == "unit.dead-letter"]
     assert "reporting its bad or late events failed" in caplog.text
+
+
+def test_late_events_of_a_batch_read_from_its_bytes_are_dead_lettered_as_a_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A good batch takes the compiled reader's path; its late events still reach the dead-letter
+    topic as a RequestBatch of just those events (the batch is decoded for that alone)."""
+
+    def decoded_path(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("a good ASCII batch must not need the decoded path")
+
+    monkeypatch.setattr(PartitionState, "apply_batch", decoded_path)
+    runtime, producer, _ = _runtime()
+    runtime.handle(event(runtime, 0, _batch("a", T0 + 100)))
+    runtime.handle(event(runtime, 1, _batch("b", T0 + 9000)))  # the watermark passes T0's grace
+    mixed = RequestBatch(
+        gateway_id="gw-7",
+        seq=1,
+        created_ms=T0 + 9100,
+        keys=["old", "new"],
+        event_time_ms=[T0 + 200, T0 + 9050],
+        prompt_tokens=[10, 20],
+    )
+    runtime.handle(event(runtime, 2, mixed))
+    assert metric(runtime, "events_late") == 1
+    assert metric(runtime, "events_accepted") == 3
+    (dead,) = [s for s in producer.sent if s.topic == "unit.dead-letter"]
+    late = codec_for(RequestBatch).decode(dead.value)
+    assert (late.gateway_id, late.keys, late.event_time_ms) == ("gw-7", ["old"], [T0 + 200])
+    assert b"late event(s) of gateway gw-7" in dead.headers["cacheroute.reason"]
