@@ -21,7 +21,8 @@ What each figure measures (seconds are wall clock, `perf_counter`, unless named 
   background fetcher and taking messages off its queue; the fetcher thread works while the main
   thread decodes, so this is wait time, not the fetch's CPU). `raw_decode_seconds`: time inside
   the agent's reader on every message: `scan_request_batch` (a batch's columns straight from its
-  bytes, schemas/batch_scan.py), and `decode_any` (fastavro) for a record it declines. `raw_cpu_seconds`: this process's CPU time over the clock, all threads.
+  bytes, schemas/batch_scan.py), and `decode_any` (fastavro) for a record it declines.
+  `raw_cpu_seconds`: this process's CPU time over the clock, all threads.
   `raw_messages` counts batches read (the emitter's plus one empty closing heartbeat per partition).
 - `agent_seconds`, `events_per_s`: the clock starts at the first metrics scrape (every 20 ms) that
   shows a batch handled, so worker start-up, group join and its first fetch are outside it, and it

@@ -47,7 +47,20 @@ BATCH_FIELDS = (
 """The schema this reader reads (checked against request_batch.avsc by the tests)."""
 
 
+KEY_SEED = np.uint64(0xCBF29CE484222325)
+"""FNV-1a's offset basis. Equal hashes are checked byte for byte, so a collision (chosen keys
+included) costs only a longer probe, never a wrong count."""
 _FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@njit
+def key_hash(buf: Any, lo: int, hi: int) -> Any:
+    """FNV-1a (64-bit) of the key bytes buf[lo:hi], from `KEY_SEED`: the hash every key lookup
+    uses, whether the key came from a scanned record or was added by text (keytable.py)."""
+    h = KEY_SEED
+    for i in range(lo, hi):
+        h = (h ^ np.uint64(buf[i])) * _FNV_PRIME
+    return h
 
 
 @njit
@@ -168,11 +181,10 @@ def _count_keys(buf: Any, pos: int) -> int:
 def _scan(  # noqa: PLR0911, PLR0912, PLR0917 - one compiled pass, a bail-out per malformation
     buf: Any,
     pos: int,
-    seed: np.uint64,
     head: Any,
     key_lo: Any,
     key_hi: Any,
-    key_hash: Any,
+    hashes: Any,
     times: Any,
     prompts: Any,
     prefix: Any,
@@ -208,12 +220,9 @@ def _scan(  # noqa: PLR0911, PLR0912, PLR0917 - one compiled pass, a bail-out pe
             if not ok:
                 return False
             pos = hi
-            h = seed
-            for i in range(lo, hi):
-                h = (h ^ np.uint64(buf[i])) * _FNV_PRIME
             key_lo[n] = lo
             key_hi[n] = hi
-            key_hash[n] = h
+            hashes[n] = key_hash(buf, lo, hi)
             n += 1
     lengths[0] = n
     m, pos, ok = _ints(buf, pos, end, times, False)
@@ -271,11 +280,6 @@ class ScannedBatch:
         return self.buf[self.key_lo[i] : self.key_hi[i]].tobytes().decode("ascii")
 
 
-KEY_SEED = np.uint64(0xCBF29CE484222325)
-"""FNV-1a's offset basis. Equal hashes are checked byte for byte, so a collision (chosen keys
-included) costs only a longer probe, never a wrong count."""
-
-
 def scan_request_batch(data: bytes) -> ScannedBatch | None:
     """The batch's columns if `data` is a plain `RequestBatch` (header included) that this
     reader takes (see the module docstring); None: decode it with fastavro instead."""
@@ -290,7 +294,7 @@ def scan_request_batch(data: bytes) -> ScannedBatch | None:
     lengths = np.full(7, -1, np.int64)
     key_lo = np.empty(cap, np.int64)
     key_hi = np.empty(cap, np.int64)
-    key_hash = np.empty(cap, np.uint64)
+    hashes = np.empty(cap, np.uint64)
     times = np.empty(cap, np.int64)
     prompts = np.empty(cap, np.int64)
     prefix_col = np.empty(cap, np.int64)
@@ -298,11 +302,10 @@ def scan_request_batch(data: bytes) -> ScannedBatch | None:
     if not _scan(
         buf,
         len(prefix),
-        KEY_SEED,
         head,
         key_lo,
         key_hi,
-        key_hash,
+        hashes,
         times,
         prompts,
         prefix_col,
@@ -319,7 +322,7 @@ def scan_request_batch(data: bytes) -> ScannedBatch | None:
         created_ms=int(head[3]),
         key_lo=key_lo[:n],
         key_hi=key_hi[:n],
-        key_hash=key_hash[:n],
+        key_hash=hashes[:n],
         event_time_ms=times[: max(lens[1], 0)],
         prompt_tokens=prompts[: max(lens[2], 0)],
         prefix_tokens=None if lens[3] < 0 else prefix_col[: lens[3]],

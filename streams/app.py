@@ -437,14 +437,14 @@ class StreamsRuntime:
             self.metrics.flush_seconds.observe(time.perf_counter() - began)
             self.metrics.watermark_ms.labels(str(partition)).set(state.watermark)
             self.metrics.open_windows.labels(str(partition)).set(len(state.open_windows))
-            for window in out.closed_windows:
+            for closed in out.closed:
                 self.metrics.windows_closed.labels(str(partition)).inc()
                 log.info(
                     "partition %d: closed window %s (+%d ms): %d key rates emitted",
                     partition,
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(window / 1000)),
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(closed.window_start_ms / 1000)),
                     self.config.window_ms,
-                    sum(len(c) for c in out.closed if c.window_start_ms == window),
+                    len(closed),
                 )
 
     def _produce_rates(self, out: FlushResult) -> None:

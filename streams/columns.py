@@ -183,11 +183,6 @@ class WindowColumns:
             self.add_keys(table.new_keys(before), bucket_of)
         return rows
 
-    def known_rows(self, batch: ScannedBatch, sel: IntArray) -> IntArray:
-        """Rows of the scanned batch's keys `sel`, -1 for keys the window does not hold."""
-        table = self._synced_table()
-        return table.rows(batch.buf, batch.key_lo, batch.key_hi, batch.key_hash, sel, insert=False)
-
     def row(self, key: str, bucket_of: Callable[[str], int]) -> int:
         """The row of one key (added when new)."""
         row = self.index.get(key)

@@ -21,32 +21,33 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cacheroute.schemas.avrojit import njit
-from cacheroute.schemas.batch_scan import KEY_SEED
+from cacheroute.schemas.batch_scan import key_hash
 
-__all__ = ["KeyTable", "hash_key", "warm_up"]
+__all__ = ["KeyTable", "hash_keys", "warm_up"]
 
 IntArray = NDArray[np.int64]
 
-_FNV_PRIME = 0x100000001B3
-_M64 = (1 << 64) - 1
-
-
-def hash_key(data: bytes) -> int:
-    """The reader's hash of a key's bytes (FNV-1a from `KEY_SEED`; a reference for tests)."""
-    h = int(KEY_SEED)
-    for b in data:
-        h = ((h ^ b) * _FNV_PRIME) & _M64
-    return h
-
 
 @njit
-def _hash_ranges(buf: Any, lo: Any, hi: Any, seed: np.uint64, out: Any) -> None:
-    prime = np.uint64(_FNV_PRIME)
+def _hash_ranges(buf: Any, lo: Any, hi: Any, out: Any) -> None:
     for j in range(lo.shape[0]):
-        h = seed
-        for i in range(lo[j], hi[j]):
-            h = (h ^ np.uint64(buf[i])) * prime
-        out[j] = h
+        out[j] = key_hash(buf, lo[j], hi[j])
+
+
+def _ranges(keys: list[bytes]) -> tuple[NDArray[np.uint8], IntArray, IntArray]:
+    """(joined bytes, start, end) of each key."""
+    buf = np.frombuffer(b"".join(keys), np.uint8)
+    lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+    hi = np.cumsum(lengths)
+    return buf, hi - lengths, hi
+
+
+def hash_keys(keys: list[bytes]) -> NDArray[np.uint64]:
+    """Each key's hash, as the reader computes it (`batch_scan.key_hash`)."""
+    buf, lo, hi = _ranges(keys)
+    out = np.empty(len(keys), np.uint64)
+    _hash_ranges(buf, lo, hi, out)
+    return out
 
 
 @njit
@@ -193,10 +194,6 @@ class KeyTable:
         )
         return out
 
-    def key_bytes(self, row: int) -> bytes:
-        """The bytes of the key at `row`."""
-        return self.arena[self.offs[row] : self.offs[row + 1]].tobytes()
-
     def new_keys(self, first: int) -> list[str]:
         """The keys of rows `first`.. as text (what a window keeps of keys new to it)."""
         offs = self.offs[first : self.n + 1].tolist()
@@ -208,13 +205,8 @@ class KeyTable:
         """Add keys known to be new, by their bytes (rows `n`.. in order)."""
         if not keys:
             return
-        buf = np.frombuffer(b"".join(keys), np.uint8)
-        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
-        hi = np.cumsum(lengths)
-        lo = hi - lengths
-        h = np.empty(len(keys), np.uint64)
-        _hash_ranges(buf, lo, hi, KEY_SEED, h)
-        self.rows(buf, lo, hi, h, np.arange(len(keys), dtype=np.int64), insert=True)
+        buf, lo, hi = _ranges(keys)
+        self.rows(buf, lo, hi, hash_keys(keys), np.arange(len(keys), dtype=np.int64), insert=True)
 
 
 def warm_up() -> None:
@@ -222,8 +214,6 @@ def warm_up() -> None:
     at start, so its first batch does not wait for them."""
     table = KeyTable()
     table.add([b"warm-up"])
-    buf = np.frombuffer(b"warm-up", np.uint8)
-    at = np.zeros(1, np.int64)
-    h = np.array([hash_key(b"warm-up")], np.uint64)
-    table.rows(buf, at, at + 7, h, at, insert=False)
+    buf, lo, hi = _ranges([b"warm-up"])
+    table.rows(buf, lo, hi, hash_keys([b"warm-up"]), np.zeros(1, np.int64), insert=False)
     table._reserve(2000, 0)  # a rehash

@@ -127,7 +127,11 @@ class FlushResult:
     closed: list[RateColumns]
     """Each closed window's key rates, as columns (keys ascending), in window order."""
     writes: list[tuple[bytes, bytes | None]]
-    closed_windows: list[int]
+
+    @property
+    def closed_windows(self) -> list[int]:
+        """Start times of the windows that closed, in order."""
+        return [window.window_start_ms for window in self.closed]
 
     @property
     def rates(self) -> list[KeyRate]:
@@ -253,10 +257,15 @@ class PartitionState:
                 return None
             if offset <= self.restored_offset and window not in self.windows:
                 return None  # applied before the restart to a window that has closed since
+        cols = self._window(window)
+        return cols, cols.row(key, self._bucket)
+
+    def _window(self, window: int) -> WindowColumns:
+        """The columns of an open window (opened now if new)."""
         cols = self.windows.get(window)
         if cols is None:
             cols = self.windows[window] = WindowColumns()
-        return cols, cols.row(key, self._bucket)
+        return cols
 
     def apply_batch(
         self,
@@ -342,25 +351,15 @@ class PartitionState:
         minus = np.full(n, -1, dtype=np.int64)
         prefix = minus if batch.prefix_tokens is None else batch.prefix_tokens
         cached = minus if batch.cached_tokens is None else batch.cached_tokens
+        columns = (times, prompts, prefix, cached)
+        bad, reasons = self._event_screens(columns, reference=reference, clock_ms=clock_ms)
         lengths = batch.key_hi - batch.key_lo  # ASCII: bytes are characters
-        bad = (
-            (prompts < 0)
-            | (prefix < -1)
-            | (cached < -1)
-            | (times > reference + cfg.max_future_ms)
-            | (times < reference - cfg.max_past_ms)
-            | (lengths == 0)
-            | (lengths > cfg.max_key_bytes)
-        )
-        if clock_ms is not None:
-            bad |= times > clock_ms + cfg.max_clock_ahead_ms
-        if bad.any():
+        bad = bad | (lengths == 0) | (lengths > cfg.max_key_bytes)
+        if bad.any() or any(mask.any() for mask, _ in reasons):
             return None
         result = ApplyResult(header_ahead_ms=header_ahead)
         keys_of = _ScannedKeys(batch, self._bucket)
-        self._apply_events(
-            (times, prompts, prefix, cached), bad, keys_of, offset=offset, result=result
-        )
+        self._apply_events(columns, bad, keys_of, offset=offset, result=result)
         if not header_ahead:
             self.watermark = max(self.watermark, created)
         self.last_offset = max(self.last_offset, offset)
@@ -373,6 +372,29 @@ class PartitionState:
         self.replayed_total += result.replayed
         self.bad_total += len(result.bad)
         self.future_total += result.future
+
+    def _event_screens(
+        self,
+        columns: tuple[IntArray, IntArray, IntArray, IntArray],
+        *,
+        reference: int,
+        clock_ms: int | None,
+    ) -> tuple[BoolArray, list[tuple[BoolArray, str]]]:
+        """(future-dated mask, [(mask, reason)] of the other malformed values) of a batch's
+        (times, prompts, prefix, cached) columns; keys are screened by each path itself."""
+        cfg = self.config
+        times, prompts, prefix, cached = columns
+        if clock_ms is None:
+            ahead = np.zeros(times.shape[0], dtype=bool)
+        else:
+            ahead = times > clock_ms + cfg.max_clock_ahead_ms
+        return ahead, [
+            (prompts < 0, "negative prompt_tokens"),
+            (prefix < -1, "prefix_tokens below -1"),
+            (cached < -1, "cached_tokens below -1"),
+            (times > reference + cfg.max_future_ms, "event time in the future of its batch"),
+            (times < reference - cfg.max_past_ms, "event time too far in the past"),
+        ]
 
     def _screen(
         self,
@@ -397,17 +419,9 @@ class PartitionState:
         minus = np.full(n, -1, dtype=np.int64)
         prefix = minus if batch.prefix_tokens is None else np.asarray(batch.prefix_tokens, np.int64)
         cached = minus if batch.cached_tokens is None else np.asarray(batch.cached_tokens, np.int64)
-        if clock_ms is None:
-            ahead = np.zeros(n, dtype=bool)
-        else:
-            ahead = times > clock_ms + cfg.max_clock_ahead_ms
-        reasons: list[tuple[BoolArray, str]] = [
-            (prompts < 0, "negative prompt_tokens"),
-            (prefix < -1, "prefix_tokens below -1"),
-            (cached < -1, "cached_tokens below -1"),
-            (times > reference + cfg.max_future_ms, "event time in the future of its batch"),
-            (times < reference - cfg.max_past_ms, "event time too far in the past"),
-        ]
+        ahead, reasons = self._event_screens(
+            (times, prompts, prefix, cached), reference=reference, clock_ms=clock_ms
+        )
         bad_mask = ahead.copy()
         for mask, _ in reasons:
             bad_mask |= mask
@@ -517,9 +531,7 @@ class PartitionState:
         """Add the events `sel` (None: all) of one window: a key lookup per event, then a few
         vectorised passes (columns.py)."""
         times, prompts, prefix, cached = columns
-        cols = self.windows.get(window)
-        if cols is None:
-            cols = self.windows[window] = WindowColumns()
+        cols = self._window(window)
         rows = keys_of.rows(cols, sel)
         if sel is None:
             cols.add_events(rows, times, prompts, prefix, cached)
@@ -613,11 +625,9 @@ class PartitionState:
         rates: list[RateColumns] = []
         writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in self._deletes]
         self._deletes.clear()
-        closed: list[int] = []
         for window in sorted(self.windows):
             if window + cfg.window_ms + cfg.grace_ms > self.watermark:
                 continue
-            closed.append(window)
             rates.append(self._close(window))
             for wb in sorted(wb for wb in self.written if wb[0] == window):
                 writes.append((self._key(*wb), None))
@@ -627,7 +637,7 @@ class PartitionState:
             writes.extend(self._serialise(window, fold_upto))
         meta = {"watermark": self.watermark, "offset": self.last_offset}
         writes.append((table_prefix(self.partition) + b"meta", dump_json(meta)))
-        return FlushResult(closed=rates, writes=writes, closed_windows=closed)
+        return FlushResult(closed=rates, writes=writes)
 
     def _serialise(self, window: int, fold_upto: int) -> list[tuple[bytes, bytes | None]]:
         """Table writes for the buckets holding keys changed since the last flush.
@@ -699,10 +709,7 @@ class PartitionState:
                 continue
             w_text, b_text = rest.split(b"|")
             window, bucket = int(w_text), int(b_text)
-            cols = state.windows.get(window)
-            if cols is None:
-                cols = state.windows[window] = WindowColumns()
-            cols.load_bucket(bucket, value)
+            state._window(window).load_bucket(bucket, value)
             offset = int(value["o"])
             state.applied[(window, bucket)] = offset
             state.written.add((window, bucket))
