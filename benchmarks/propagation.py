@@ -20,7 +20,8 @@ The run has two phases, in this order, on one topic: one gateway (the same-run b
 `single_gateway_*`), then `gateways` gateways. Each phase starts its gateways, waits until every
 one has read the topic to its end, publishes one untimed warm-up version (first-use costs of the
 child: imports, allocator growth), then `versions` timed ones. Plans are built from the paper-like
-workload (`paper_workload`) with rates drifted a little per version (log-normal, `sigma`) and
+workload (`paper_workload`, keys `tenant/conversation`) with the planner service's default
+parameters (so the plans carry sibling groups, as in production), rates drifted a little per version (log-normal, `sigma`) and
 re-planned from the previous plan, as the planner service does. A version is built and published
 only after every gateway has reported the previous one and at least `interval_s` after the
 previous commit: plan building never overlaps a measurement, and the only sleeps are there,
@@ -59,8 +60,9 @@ from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.follower import PlanFollower
 from cacheroute.dispatcher.routing import PlanLike
 from cacheroute.errors import CacheRouteError
-from cacheroute.planner import Plan, PlannerParams, build_plan
+from cacheroute.planner import Plan, build_plan
 from cacheroute.planner.workload import PAPER_KEYS, default_q_cap, drift, paper_workload
+from cacheroute.planservice.config import load_service_config
 from cacheroute.planservice.publisher import PlanPublisher, PublishResult
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
@@ -147,9 +149,15 @@ class _Plans:
         work = paper_workload(cfg.keys, self.rng)
         self.keys = work.keys
         self.rates = work.rates
-        self.params = PlannerParams(
-            q_cap=default_q_cap(float(work.rates.sum())), warm_slots=cfg.warm_slots
-        )
+        # the planner service's defaults (sibling co-location on '/', fair share, ...): the
+        # gateways then build what they build in production, sibling groups included
+        self.params = load_service_config(
+            overrides={
+                "destinations": cfg.destinations,
+                "q_cap": default_q_cap(float(work.rates.sum())),
+                "warm_slots": cfg.warm_slots,
+            }
+        ).params
         self.destinations = [f"d{i}" for i in range(cfg.destinations)]
         self.sigma = cfg.sigma
         self.prev: Plan | None = None
