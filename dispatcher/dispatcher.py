@@ -29,6 +29,7 @@ from cacheroute.dispatcher.routing import (
     DEFAULT_SPILL_FACTOR,
     DEFAULT_SPILL_MIN_INFLIGHT,
     DEFAULT_UNIT_TOKENS,
+    KeyGroups,
     PlanLike,
     RouteKind,
     Router,
@@ -185,6 +186,8 @@ class Dispatcher:
         self.registry = registry or CollectorRegistry()
         self.registry.register(_DispatcherCollector(self))
         self._apply_lock = threading.Lock()
+        self._key_groups: KeyGroups | None = None
+        """Keys' sibling groups remembered across plan versions (used under `_apply_lock`)."""
         self._mode_lock = threading.Lock()
         self._interval_s = self.config.control_interval_s
         self._mode = "no_plan"
@@ -278,11 +281,15 @@ class Dispatcher:
             live = self.router.table
             if live is not None and plan.version <= live.version:
                 return False
+            sep = getattr(getattr(plan, "params", None), "group_separator", None)
+            if sep and (self._key_groups is None or self._key_groups.separator != sep):
+                self._key_groups = KeyGroups(sep)
             table = table_from_plan(
                 plan,
                 self.router.names,
                 yield_every=self.config.build_yield_every,
                 pause=_Paced(_yield_gil),
+                key_groups=self._key_groups,
             )
             self.router.install(table)  # the swap: one reference assignment
             self.swaps += 1

@@ -10,11 +10,42 @@ and slices of any size.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheroute.dispatcher.routing import _groups, build_table
+from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.routing import KeyGroups, _groups, build_table
+
+
+@dataclass
+class _Plan:
+    """The parts of a planner Plan that `Dispatcher.apply_plan` reads."""
+
+    version: int
+    created_ms: int
+    keys: tuple[str, ...]
+    offsets: np.ndarray
+    targets: np.ndarray
+    destinations: tuple[SimpleNamespace, ...]
+    params: SimpleNamespace
+
+
+def _plan(version: int, pairs: list[tuple[str, list[int]]], names: list[str]) -> _Plan:
+    sizes = [len(d) for _, d in pairs]
+    return _Plan(
+        version,
+        int(time.time() * 1000),
+        tuple(k for k, _ in pairs),
+        np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
+        np.array([t for _, d in pairs for t in d], dtype=np.int64),
+        tuple(SimpleNamespace(name=n) for n in names),
+        SimpleNamespace(group_separator="/", control_interval_s=60.0),
+    )
 
 
 def reference(keys: list[str], dests: list[list[int]], sep: str) -> dict[str, tuple[int, ...]]:
@@ -71,3 +102,50 @@ def test_build_table_groups_from_names() -> None:
         group_separator="/",
     )
     assert dict(table.groups) == {"t1": (1, 5), "t3": (0,)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_case, min_size=1, max_size=5), st.sampled_from(["/", "é"]), st.integers(0, 7))
+def test_a_cache_kept_across_versions_gives_the_reference_groups(
+    versions: list[list[tuple[str, list[int]]]], sep: str, step: int
+) -> None:
+    cache = KeyGroups(sep, slack=3)  # small: the cache is dropped and refilled along the way
+    for case in versions:
+        keys = [k for k, _ in case]
+        dests = [d for _, d in case]
+        offsets = np.concatenate(([0], np.cumsum([len(d) for d in dests]))).astype(np.int64)
+        targets = np.array([t for d in dests for t in d], dtype=np.int64)
+        got = _groups(keys, offsets, targets, sep, step=step, cache=cache)
+        assert got == reference(keys, dests, sep)
+        assert len(cache) <= 2 * len(keys) + 3 + len(set(keys))
+
+
+def test_the_cache_splits_only_keys_it_has_not_seen() -> None:
+    cache = KeyGroups("/")
+    assert cache.codes(["t1/a", "t2/b", "plain", "t1/c"]).tolist() == [0, 1, -1, 0]
+    assert cache.names == ["t1", "t2"]
+    learned: list[str] = []
+    original = cache._learn
+
+    def spy(key: str) -> int:
+        learned.append(key)
+        return original(key)
+
+    cache._learn = spy  # type: ignore[method-assign]
+    # the ids stay stable across versions; only the new keys are split
+    assert cache.codes(["t3/x", "t1/a", "t2/b", "t1/d"]).tolist() == [2, 0, 1, 0]
+    assert learned == ["t3/x", "t1/d"]
+    assert cache.names == ["t1", "t2", "t3"]
+
+
+def test_a_dispatcher_keeps_one_cache_and_routes_new_keys_by_group() -> None:
+    names = [f"d{i}" for i in range(4)]
+    d = Dispatcher(names)
+    plan = _plan(1, [("t1/a", [0]), ("t1/b", [2]), ("t2/x", [3])], names)
+    assert d.apply_plan(plan)
+    assert d.table is not None
+    assert dict(d.table.groups) == {"t1": (0, 2), "t2": (3,)}
+    assert d.apply_plan(_plan(2, [("t1/a", [1]), ("t2/x", [3]), ("t2/y", [0])], names))
+    assert dict(d.table.groups) == {"t1": (1,), "t2": (0, 3)}
+    assert d._key_groups is not None
+    assert len(d._key_groups) == 4
