@@ -14,6 +14,7 @@ import random
 import numpy as np
 import pytest
 
+from cacheroute.dispatcher import routing
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.routing import table_from_plan
 from cacheroute.planner import Plan
@@ -185,10 +186,17 @@ def test_a_forged_version_still_fails_every_other_check(plan_factory: PlanFactor
     assert "targets must index destinations" in out.detail
 
 
-def test_table_matches_per_key_inserts(plan_factory: PlanFactory) -> None:
+@pytest.mark.parametrize("one_dict_max", [routing.ONE_DICT_MAX_KEYS, 0])
+def test_table_matches_per_key_inserts(
+    plan_factory: PlanFactory, monkeypatch: pytest.MonkeyPatch, one_dict_max: int
+) -> None:
+    """Both fills agree with per-key inserts: one dict (plans up to ONE_DICT_MAX_KEYS keys) and
+    the sharded one (larger plans; forced here by a threshold of 0)."""
+    monkeypatch.setattr(routing, "ONE_DICT_MAX_KEYS", one_dict_max)
     plan = plan_factory(500, q_cap=1.0, warm_slots=150)
     gateway = ["d3", "d1", "d0", "extra"]  # d2 unknown here: its keys use their other replicas
     table = table_from_plan(plan, gateway, yield_every=7, pause=lambda: None)
+    assert len(table.shards) == (1 if one_dict_max else routing.SHARDS)
     local = {n: i for i, n in enumerate(gateway)}
     expected = {}
     for key, dests in plan.assignments().items():
