@@ -237,9 +237,11 @@ class RoutingTable:
 
     Single-replica keys (the vast majority) map to a plain int, multi-replica keys to a tuple in
     `multi`: ints are not tracked by Python's cyclic GC, so building a 100k-key table does not
-    trigger collector passes. The single-replica map is split into `SHARDS` dicts by key hash: one
-    100k-entry dict rehashes everything at once when it grows (over a millisecond with the GIL
-    held, stalling every routing thread); shards grow in steps of a few thousand entries.
+    trigger collector passes. A large single-replica map is split into `SHARDS` dicts by key
+    hash (`mask`): one 100k-entry dict rehashes everything at once when it grows (over a
+    millisecond with the GIL held, stalling every routing thread); shards grow in steps of a few
+    thousand entries. Up to `ONE_DICT_MAX_KEYS` keys the largest step stays well below that, and
+    one dict (mask 0) is filled much faster (`table_from_plan`).
     """
 
     version: int
@@ -884,11 +886,13 @@ def table_from_plan(
     """A RoutingTable from a planner `Plan` (CSR arrays: keys, offsets, targets).
 
     numpy maps the plan's destination indices to this gateway's and finds each key's single
-    target (-1: several, or none known here) in one pass; the shard dicts are then filled in plan
-    order, `yield_every` keys at a time with `pause()` between slices (the dispatcher passes a GIL yield paced by time),
-    so a background build never holds the GIL for long. (Measured: bucketing the keys by shard
-    first and filling each shard with one `dict(zip(...))` is no faster - gathering the key
-    objects out of plan order misses the cache on every key.) A key listed twice (no planner
+    target (-1: several, or none known here) in one pass; the dict (up to `ONE_DICT_MAX_KEYS`
+    keys: one `dict.update` per slice) or the shard dicts (key by key) are then filled in plan
+    order, `yield_every` keys at a time with `pause()` between slices (the dispatcher passes a
+    GIL yield paced by time), so a background build never holds the GIL for long. (Measured:
+    bucketing the keys by shard first and filling each shard with one `dict(zip(...))` is no
+    faster - gathering the key objects out of plan order misses the cache on every key.) A key
+    listed twice (no planner
     writes one) ends where its later occurrence says. `key_groups` (the dispatcher keeps one
     across versions) remembers each key's sibling group, so only keys new to this gateway are
     split (`KeyGroups`); it is used only when its separator is the plan's.
