@@ -102,10 +102,15 @@ def _preload(
     emit = emitter.emit
     ids, ts, pr = key_ids.tolist(), times.tolist(), prompt.tolist()
     step = max(events // 100, 1)
+    # the loop emits faster than one gateway's sealer and producer deliver: drain the emitter
+    # well before its memory bound (max_buffered_events), so the preload never drops an event
+    drain_every = max(EmitterConfig().max_buffered_events // 4, 1)
     for i in range(events):
         emit(names[ids[i]], pr[i], prefix_tokens=pr[i] // 2, event_time_ms=ts[i])
         if i % step == 0:
             progress.update(task, completed=i)
+        if i % drain_every == drain_every - 1 and not emitter.flush(120):
+            raise CacheRouteError("emitter could not deliver the preload in 120 s")
     if not emitter.flush(120):
         raise CacheRouteError("emitter could not deliver the preload in 120 s")
     stats = emitter.stats()
