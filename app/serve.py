@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import logging
 import signal
@@ -18,7 +19,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-__all__ = ["loop_factory", "serve"]
+__all__ = ["GC_THRESHOLDS", "loop_factory", "serve", "tune_gc"]
+
+GC_THRESHOLDS = (20_000, 20, 100)
+"""The cyclic collector's thresholds while serving (CPython's default: 700, 10, 10)."""
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,23 @@ async def _serve(
         await runner.cleanup()
 
 
+def tune_gc() -> None:
+    """Freeze what exists at start-up and collect young objects less often.
+
+    Every request allocates a few hundred tracked objects (the request, headers, futures of the
+    upstream call); with CPython's default the collector runs a young pass every 700 net
+    allocations and, every 100 of those, a full pass over everything alive - imports, the
+    app, the connection pools - with the event loop stopped. `gc.freeze()` moves the objects of
+    start-up out of the collector's reach and the thresholds above make passes rarer (a young
+    pass still only walks what is young; garbage cycles live a few more allocations). Measured
+    with `cacheroute bench gateway --json`, 2-core machine, alternating runs: added p99 at half
+    load median 6.4 ms (2.3-12.4, six runs) against 10.3 ms (3.5-27.9) without; saturation
+    median ~2,640 against ~2,290 req/s; noisy, but lower in most pairs.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def serve(
     app: web.Application,
     host: str,
@@ -87,5 +108,6 @@ def serve(
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _ShortProtocolErrors) for f in server_log.filters):
         server_log.addFilter(_ShortProtocolErrors())
+    tune_gc()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(app, host, port, on_started))
