@@ -962,8 +962,9 @@ class KeyGroups:
     share nearly all their keys, so a gateway that remembers each key's group only splits the
     keys new to it: a version then costs one C-level dict probe per key instead of cutting a new
     string per key (~16 vs ~25 ms for a 61k-key plan here: the probe of a freshly decoded key
-    still hashes and compares it). Group ids are stable for the cache's
-    life. Both maps are dropped (and refill from that plan) when the keys remembered exceed
+    still hashes and compares it). Group ids are stable for the cache's life; a fresh cache
+    numbers groups in order of first appearance (`_groups` uses one when it is given none).
+    Both maps are dropped (and refill from that plan) when the keys remembered exceed
     twice the plan's keys plus `slack`: keys that left the plan do not pile up, and the memory
     stays within about two plans' worth of keys.
     """
@@ -985,7 +986,8 @@ class KeyGroups:
     def codes(
         self, keys: Sequence[str], *, step: int = 0, pause: Callable[[], None] = _no_pause
     ) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Each key's group id (-1: none), learning the keys not seen before."""
+        """Each key's group id (-1: none), learning the keys not seen before (new groups get
+        ids in order of first appearance)."""
         if len(self._key_ids) > 2 * len(keys) + self.slack:
             self._key_ids.clear()
             self._group_ids.clear()
@@ -997,49 +999,31 @@ class KeyGroups:
         for lo in range(0, n, step):
             part = keys[lo : lo + step]
             got = np.fromiter(map(known, part, repeat(-2)), dtype=np.int64, count=len(part))
-            for j in np.flatnonzero(got == -2).tolist():  # keys new to this gateway only
-                got[j] = self._learn(part[j])
+            new = np.flatnonzero(got == -2)
+            if len(new) == len(part):
+                got = self._learn(part)
+            elif len(new):  # keys new to this gateway only
+                got[new] = self._learn([part[j] for j in new.tolist()])
             out[lo : lo + len(part)] = got
             pause()
         return out
 
-    def _learn(self, key: str) -> int:
-        group, found, _ = key.rpartition(self.separator)
-        gid = -1
-        if found:
-            gid = self._group_ids.get(group, -1)
-            if gid < 0:
-                gid = self._group_ids[group] = len(self.names)
-                self.names.append(group)
-        self._key_ids[key] = gid
-        return gid
-
-
-def _first_seen_codes(
-    keys: Sequence[str], sep: str, *, step: int, pause: Callable[[], None]
-) -> tuple[np.ndarray[Any, np.dtype[np.int64]], list[str]]:
-    """(each key's group id, -1: none; the groups by id) with ids in order of first appearance,
-    computed from scratch in C-level passes per slice of keys (no cache: `KeyGroups`)."""
-    n = len(keys)
-    step = step or n or 1
-    ids: dict[str, int] = {}
-    codes = np.empty(n, dtype=np.int64)
-    for lo in range(0, n, step):
-        part = keys[lo : lo + step]
-        m = len(part)
-        cuts = list(map(str.rfind, part, [sep] * m))
-        heads = list(map(str.__getitem__, part, map(slice, cuts)))
-        # codes in order of first appearance of the keys that have the separator (a key without
-        # one has no group; its "head" is junk); the comprehension runs over the slice's
-        # distinct heads only (dict.fromkeys dedupes in C)
-        grouped = dict.fromkeys(compress(heads, map((0).__le__, cuts)))
-        fresh = [h for h in grouped if h not in ids]
-        ids.update(zip(fresh, range(len(ids), len(ids) + len(fresh)), strict=True))
+    def _learn(self, keys: Sequence[str]) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Group ids of `keys`, remembered: the splitting in C-level passes (`map`), a Python
+        step only per distinct new group."""
+        m = len(keys)
+        cuts = list(map(str.rfind, keys, [self.separator] * m))
+        heads = list(map(str.__getitem__, keys, map(slice, cuts)))
+        # a key without the separator has no group (its "head" is junk): only the others' heads
+        # become groups, in order of first appearance (dict.fromkeys dedupes in C)
+        ids = self._group_ids
+        fresh = [h for h in dict.fromkeys(compress(heads, map((0).__le__, cuts))) if h not in ids]
+        ids.update(zip(fresh, range(len(self.names), len(self.names) + len(fresh)), strict=True))
+        self.names.extend(fresh)
         got = np.fromiter(map(ids.get, heads, repeat(-1, m)), dtype=np.int64, count=m)
         got[np.asarray(cuts, dtype=np.int64) < 0] = -1
-        codes[lo : lo + m] = got
-        pause()
-    return codes, list(ids)
+        self._key_ids.update(zip(keys, got.tolist(), strict=True))
+        return got
 
 
 def _groups(
@@ -1068,11 +1052,10 @@ def _groups(
     (group, destination) codes.
     """
     step = step or len(keys) or 1
-    if cache is not None:
-        codes = cache.codes(keys, step=step, pause=pause)
-        names = cache.names
-    else:
-        codes, names = _first_seen_codes(keys, sep, step=step, pause=pause)
+    if cache is None:  # (not `cache or`: an empty cache is falsy)
+        cache = KeyGroups(sep)
+    codes = cache.codes(keys, step=step, pause=pause)
+    names = cache.names
     offs = np.asarray(offsets, dtype=np.int64)
     per_target = np.repeat(codes, np.diff(offs))
     ok = (per_target >= 0) & (targets >= 0)

@@ -11,6 +11,7 @@ and slices of any size.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -127,9 +128,9 @@ def test_the_cache_splits_only_keys_it_has_not_seen() -> None:
     learned: list[str] = []
     original = cache._learn
 
-    def spy(key: str) -> int:
-        learned.append(key)
-        return original(key)
+    def spy(keys: Sequence[str]) -> np.ndarray:
+        learned.extend(keys)
+        return original(keys)
 
     cache._learn = spy  # type: ignore[method-assign]
     # the ids stay stable across versions; only the new keys are split
