@@ -21,8 +21,9 @@ The run has two phases, in this order, on one topic: one gateway (the same-run b
 one has read the topic to its end, publishes one untimed warm-up version (first-use costs of the
 child: imports, allocator growth), then `versions` timed ones. Plans are built from the paper-like
 workload (`paper_workload`, keys `tenant/conversation`) with the planner service's default
-parameters (so the plans carry sibling groups, as in production), rates drifted a little per version (log-normal, `sigma`) and
-re-planned from the previous plan, as the planner service does. A version is built and published
+parameters (so the plans carry sibling groups, as in production), rates drifted a little per
+version (log-normal, `sigma`) and re-planned from the previous plan, as the planner service
+does. A version is built and published
 only after every gateway has reported the previous one and at least `interval_s` after the
 previous commit: plan building never overlaps a measurement, and the only sleeps are there,
 outside the timed path. The topics are per-run (`<prefix>bench-propagation-<hex>.`) and deleted
