@@ -101,14 +101,18 @@ def test_future_windows_and_huge_rates_never_reach_a_plan(
         with planner_process(settings, config, "A", tmp_path) as planner:
             live = follower.wait_for_version(1, timeout=90)
             assert live is not None, planner.tail()
-            # the newest window folds after settling: a plan of window A alone may come first
-            while not math.isclose(live.plan.total_rate, real + made_up / 2, rel_tol=1e-9):
-                assert live.plan.total_rate == pytest.approx(1000.0, rel=1e-9)  # A alone
-                live = follower.wait_for_version(live.version + 1, timeout=60)
-                assert live is not None, planner.tail()
+            # The first plan may hold window A alone (B folds after settling) or A and B. When it
+            # holds A alone, the plan of A and B may never come: B does not change the routing,
+            # so the advisor keeps v1 and age refreshes re-publish v1 as it is. Window C below
+            # checks B's fold either way (the made-up key's rate there is a quarter).
             plan = live.plan
+            if math.isclose(plan.total_rate, 1000.0, rel_tol=1e-9):
+                made_up_now = made_up  # A alone
+            else:
+                assert plan.total_rate == pytest.approx(real + made_up / 2, rel=1e-9)
+                made_up_now = made_up / 2
             assert set(plan.keys) == {*steady, "made-up"}  # no invalid key, every real one
-            assert _rate_in(plan, "made-up") == pytest.approx(made_up / 2, rel=1e-9)
+            assert _rate_in(plan, "made-up") == pytest.approx(made_up_now, rel=1e-9)
             assert all(_rate_in(plan, k) == pytest.approx(v, rel=1e-9) for k, v in steady.items())
             assert planner.wait_metric("cacheroute_planner_rates_records_total", 3, INVALID) == 3
             assert planner.metric("cacheroute_planner_rates_records_total", CLAMPED) == 1
