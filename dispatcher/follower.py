@@ -40,9 +40,11 @@ from cacheroute.dispatcher.reader import (
     plans_consumer,
     topic_exists,
 )
+from cacheroute.dispatcher.routing import compiled_groups
 from cacheroute.errors import CacheRouteError
 from cacheroute.kafkaio import AUTHORIZATION_ERRORS, to_record
 from cacheroute.planner.assembly import Applied, Ignored, Outcome, PlanAssembler, Rejected
+from cacheroute.schemas.codec import warm_up_plan_decoding
 from cacheroute.settings import Settings
 
 __all__ = ["FollowerConfig", "FollowerStatus", "LivePlan", "PlanFollower"]
@@ -153,6 +155,10 @@ class PlanFollower:
         self.close()
 
     def _run(self) -> None:
+        warm_up_plan_decoding()
+        groups = compiled_groups()
+        if groups is not None:
+            groups.warm_up()
         while not self._stop.is_set():
             try:
                 self.poll(self.config.poll_timeout_s)

@@ -88,6 +88,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
+from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
@@ -1026,6 +1027,17 @@ class KeyGroups:
         return got
 
 
+@functools.cache
+def compiled_groups() -> ModuleType | None:
+    """`group_codes` when numba is installed (imported on first use), else None: then keys are
+    split in Python (`KeyGroups`), with the same groups at about three times the CPU."""
+    try:
+        from cacheroute.dispatcher import group_codes  # noqa: PLC0415 - numba is optional
+    except ImportError:
+        return None
+    return group_codes
+
+
 def _groups(
     keys: Sequence[str],
     offsets: Sequence[int] | np.ndarray[Any, np.dtype[np.int64]],
@@ -1052,10 +1064,15 @@ def _groups(
     (group, destination) codes.
     """
     step = step or len(keys) or 1
-    if cache is None:  # (not `cache or`: an empty cache is falsy)
-        cache = KeyGroups(sep)
-    codes = cache.codes(keys, step=step, pause=pause)
-    names = cache.names
+    compiled = compiled_groups()
+    found = None if compiled is None else compiled.group_codes(keys, sep, step=step, pause=pause)
+    if found is not None:
+        codes, names = found
+    else:
+        if cache is None:  # (not `cache or`: an empty cache is falsy)
+            cache = KeyGroups(sep)
+        codes = cache.codes(keys, step=step, pause=pause)
+        names = cache.names
     offs = np.asarray(offsets, dtype=np.int64)
     per_target = np.repeat(codes, np.diff(offs))
     ok = (per_target >= 0) & (targets >= 0)

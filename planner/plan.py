@@ -296,14 +296,12 @@ class Plan:
         _check(bool(np.all(np.isfinite(loads)) and np.all(loads >= 0)), "loads must be >= 0")
         _check(math.isfinite(self.total_rate) and self.cold_rate >= 0, "bad total or cold rate")
         tol = _REL_TOL * max(self.total_rate, 1e-300)
-        if yield_ is _no_pause:
-            admitted = self.admitted_rate
-        else:  # the same exact sum, in slices (fsum over 100k+ floats is milliseconds)
-            parts = []
-            for lo in range(0, len(self.rates), 8 * _KEY_SLICE):
-                parts.append(math.fsum(self.rates[lo : lo + 8 * _KEY_SLICE].tolist()))
-                yield_()
-            admitted = math.fsum(parts)
+        # Followers (who pass a pause) take numpy's sum, ~100x cheaper than the exact fsum (~3 ms
+        # at 60k keys, a tenth of a version's CPU in a gateway). The rates are finite and >= 0
+        # (checked above), so its error is at most n * eps * admitted (< 1e-11 relative at 100k
+        # keys), far inside the 1e-9 tolerance: the check decides as with fsum except within that
+        # sliver of the boundary.
+        admitted = self.admitted_rate if yield_ is _no_pause else float(np.sum(self.rates))
         _check(
             abs(admitted + self.cold_rate - self.total_rate) <= tol,
             f"admitted {admitted!r} + cold {self.cold_rate!r} != total {self.total_rate!r}",

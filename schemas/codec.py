@@ -18,6 +18,7 @@ import io
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from types import ModuleType
 from typing import Any, Generic, TypeVar, cast
 
 import fastavro
@@ -43,12 +44,14 @@ __all__ = [
     "PlanChunkColumns",
     "RecordCodec",
     "codec_for",
+    "compiled_strings",
     "decode_any",
     "decode_plan_chunk_columns",
     "dump_columns",
     "dump_json",
     "load_json",
     "load_schema",
+    "warm_up_plan_decoding",
 ]
 
 R = TypeVar("R")
@@ -338,7 +341,8 @@ def decode_plan_chunk_columns(data: bytes) -> PlanChunkColumns | None:
 
     fastavro builds one Python object per array item through its generic reader (~2 ms for a
     64 KB chunk of ~1,500 keys); here the three numeric columns are decoded by numpy in a few
-    vectorised passes, and only the keys take a Python loop. This is a fast path, not a second
+    vectorised passes, and the keys by one compiled pass and a split (`string_column`, with
+    numba; else a Python loop). This is a fast path, not a second
     decoder to trust: it returns None for anything it does not fully understand (a wrong prefix,
     array blocks with byte counts, a varint wider than its type allows, invalid UTF-8, a
     truncated body, trailing bytes), and the caller then decodes the same bytes with fastavro,
@@ -385,7 +389,46 @@ def _block_count(data: bytes, pos: int) -> tuple[int, int]:
     return count, pos
 
 
+@cache
+def compiled_strings() -> ModuleType | None:
+    """`string_column` when numba is installed (imported on first use), else None.
+
+    numba is optional for gateways (the base install has none): without it the keys are read
+    key by key, with the same result at about twice a version's decode time.
+    """
+    try:
+        from cacheroute.schemas import string_column  # noqa: PLC0415 - numba is optional
+    except ImportError:
+        return None
+    return string_column
+
+
+def warm_up_plan_decoding() -> None:
+    """Import and compile (or load from numba's disk cache) the compiled key reader, if any.
+
+    Followers call it as their thread starts, so the first plan version does not pay ~0.15 s.
+    """
+    string_column = compiled_strings()
+    if string_column is not None:
+        string_column.warm_up()
+
+
 def _string_array(data: bytes, pos: int) -> tuple[list[str], int]:
+    """The keys column: one compiled pass and a split (`string_column`), else key by key."""
+    string_column = compiled_strings()
+    if string_column is None:
+        return _string_array_by_key(data, pos)
+    buf = np.frombuffer(data, np.uint8)
+    joined = np.empty(len(data) - pos, np.uint8)
+    status, items, size, end = string_column.join_strings(buf, pos, joined)
+    if status == string_column.OK:
+        return string_column.split_joined(joined, items, size), end
+    if status == string_column.NOT_FAST:
+        raise _NotFastError
+    return _string_array_by_key(data, pos)  # a key holds a NUL byte
+
+
+def _string_array_by_key(data: bytes, pos: int) -> tuple[list[str], int]:
     out: list[str] = []
     append = out.append
     count, pos = _block_count(data, pos)

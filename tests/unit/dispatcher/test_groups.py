@@ -5,22 +5,41 @@ and one `np.unique`; the reference below is the obvious per-key loop (split each
 separator, union its known destinations into its group's set). Both must agree on every input:
 keys without the separator, keys whose group is empty text ("/x"), multi-character and
 non-ASCII separators and keys, destinations unknown here (-1), keys with no destination at all,
-and slices of any size.
+and slices of any size. Both ways of finding keys' groups are checked: the compiled pass
+(`group_codes`, with numba) and the Python one (`KeyGroups`, the base install's).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cacheroute.dispatcher import routing
 from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.group_codes import group_codes
 from cacheroute.dispatcher.routing import KeyGroups, _groups, build_table
+
+PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+
+
+@contextmanager
+def _path(compiled: bool) -> Iterator[None]:
+    """The compiled pass as installed, or the Python path as without numba."""
+    if compiled:
+        assert routing.compiled_groups() is not None  # the dev install has numba
+        yield
+    else:
+        with mock.patch.object(routing, "compiled_groups", return_value=None):
+            yield
 
 
 @dataclass
@@ -62,17 +81,19 @@ _parts = st.text(alphabet="ab/:é", max_size=4)
 _case = st.lists(st.tuples(_parts, st.lists(st.integers(-1, 6), max_size=3)), max_size=60)
 
 
+@PATHS
 @settings(max_examples=300, deadline=None)
-@given(_case, st.sampled_from(["/", ":", "é", "//"]), st.integers(0, 9))
+@given(case=_case, sep=st.sampled_from(["/", ":", "é", "//"]), step=st.integers(0, 9))
 def test_groups_match_the_per_key_reference(
-    case: list[tuple[str, list[int]]], sep: str, step: int
+    compiled: bool, case: list[tuple[str, list[int]]], sep: str, step: int
 ) -> None:
     keys = [k for k, _ in case]
     dests = [d for _, d in case]
     offsets = np.concatenate(([0], np.cumsum([len(d) for d in dests]))).astype(np.int64)
     targets = np.array([t for d in dests for t in d], dtype=np.int64)
     pauses: list[int] = []
-    got = _groups(keys, offsets, targets, sep, step=step, pause=lambda: pauses.append(1))
+    with _path(compiled):
+        got = _groups(keys, offsets, targets, sep, step=step, pause=lambda: pauses.append(1))
     want = reference(keys, dests, sep)
     assert got == want
     assert list(got) == list(want)  # groups in order of first appearance, too
@@ -80,11 +101,14 @@ def test_groups_match_the_per_key_reference(
         assert len(pauses) >= -(-len(keys) // step)  # at least once per slice of keys
 
 
-def test_hand_derived_groups() -> None:
+@PATHS
+def test_hand_derived_groups(compiled: bool) -> None:
     keys = ["t1/a", "t2/x", "plain", "t1/b", "/root", "t3/only-unknown", "a/b/c"]
     offsets = np.array([0, 1, 2, 3, 5, 6, 7, 8], dtype=np.int64)
     targets = np.array([4, 7, 1, 0, 4, 2, -1, 3], dtype=np.int64)
-    assert _groups(keys, offsets, targets, "/") == {
+    with _path(compiled):
+        got = _groups(keys, offsets, targets, "/")
+    assert got == {
         "t1": (0, 4),  # d4 from t1/a, d0 and d4 from t1/b: each once, sorted
         "t2": (7,),
         "": (2,),  # "/root": the text before the separator is empty, still a group
@@ -116,7 +140,8 @@ def test_a_cache_kept_across_versions_gives_the_reference_groups(
         dests = [d for _, d in case]
         offsets = np.concatenate(([0], np.cumsum([len(d) for d in dests]))).astype(np.int64)
         targets = np.array([t for d in dests for t in d], dtype=np.int64)
-        got = _groups(keys, offsets, targets, sep, step=step, cache=cache)
+        with _path(False):
+            got = _groups(keys, offsets, targets, sep, step=step, cache=cache)
         assert got == reference(keys, dests, sep)
         assert len(cache) <= 2 * len(keys) + 3 + len(set(keys))
 
@@ -139,14 +164,33 @@ def test_the_cache_splits_only_keys_it_has_not_seen() -> None:
     assert cache.names == ["t1", "t2", "t3"]
 
 
-def test_a_dispatcher_keeps_one_cache_and_routes_new_keys_by_group() -> None:
+@PATHS
+def test_a_dispatcher_routes_new_keys_by_group(compiled: bool) -> None:
     names = [f"d{i}" for i in range(4)]
     d = Dispatcher(names)
     plan = _plan(1, [("t1/a", [0]), ("t1/b", [2]), ("t2/x", [3])], names)
-    assert d.apply_plan(plan)
-    assert d.table is not None
-    assert dict(d.table.groups) == {"t1": (0, 2), "t2": (3,)}
-    assert d.apply_plan(_plan(2, [("t1/a", [1]), ("t2/x", [3]), ("t2/y", [0])], names))
+    with _path(compiled):
+        assert d.apply_plan(plan)
+        assert d.table is not None
+        assert dict(d.table.groups) == {"t1": (0, 2), "t2": (3,)}
+        assert d.apply_plan(_plan(2, [("t1/a", [1]), ("t2/x", [3]), ("t2/y", [0])], names))
     assert dict(d.table.groups) == {"t1": (1,), "t2": (0, 3)}
     assert d._key_groups is not None
-    assert len(d._key_groups) == 4
+    # the Python path remembers the keys it split (the compiled one needs no memory)
+    assert len(d._key_groups) == (0 if compiled else 4)
+
+
+def test_the_compiled_pass_declines_keys_it_cannot_join() -> None:
+    none = lambda: None  # noqa: E731
+    assert group_codes(["t/a", "t/b\x00c"], "/", step=0, pause=none) is None  # NUL: two keys
+    assert group_codes(["t/a", "t/\ud800"], "/", step=0, pause=none) is None  # lone surrogate
+    codes, names = group_codes(["t/a", "x", "t/b", "é/é/c", ""], "é", step=2, pause=none) or (
+        np.zeros(0),
+        [],
+    )
+    assert codes.tolist() == [-1, -1, -1, 0, -1]
+    assert names == ["é/"]
+    with _path(True):  # and _groups then takes the Python path, with the same answer
+        keys = ["t/a", "t/b\x00c"]
+        got = _groups(keys, np.array([0, 1, 2]), np.array([1, 2]), "/")
+    assert got == reference(keys, [[1], [2]], "/")
