@@ -59,12 +59,13 @@ from confluent_kafka import Producer
 from cacheroute.demo.procs import Child, start_child
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.follower import PlanFollower
-from cacheroute.dispatcher.routing import PlanLike
+from cacheroute.dispatcher.routing import PlanLike, compiled_groups
 from cacheroute.errors import CacheRouteError
 from cacheroute.planner import Plan, build_plan
 from cacheroute.planner.workload import PAPER_KEYS, default_q_cap, drift, paper_workload
 from cacheroute.planservice.config import load_service_config
 from cacheroute.planservice.publisher import PlanPublisher, PublishResult
+from cacheroute.schemas.codec import compiled_strings
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics, make_admin
 
@@ -95,6 +96,8 @@ RESULT_FIELDS: dict[str, str] = {
     "publish_ms": "median time of one publish (encode, produce, commit) in the measured phase",
     "per_version": "per timed version: publish_ms and the first and last gateway's latency",
     "observed_by": "how the gateway side is stamped (apply_plan-hook: no polling)",
+    "compiled_decode": "whether the gateways read keys and groups with compiled passes (numba "
+    "installed; the base install reads them in Python)",
 }
 """Every key of the result object, in order, with its meaning (the test checks them all)."""
 
@@ -382,6 +385,8 @@ def _summary(single: _Phase, multi: _Phase, cfg: PropagationBench, admitted: int
         "publish_ms": _pct([p.seconds * 1e3 for p in multi.published], 50),
         "per_version": per_version,
         "observed_by": OBSERVED_BY,
+        # the children run this interpreter with these packages
+        "compiled_decode": compiled_strings() is not None and compiled_groups() is not None,
     }
     for q in ("p50", "p99"):
         base = result[f"single_gateway_{q}_ms"]

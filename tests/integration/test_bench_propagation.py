@@ -46,6 +46,7 @@ def test_small_run_observes_every_pair(settings: Settings) -> None:
     assert result["plan_chunks"] >= 1
     assert result["admitted_keys"] == 2000  # W = 2048 on 30 destinations admits them all
     assert result["observed_by"] == "apply_plan-hook"
+    assert result["compiled_decode"] is True  # the test install has numba
 
     left = make_admin(settings).list_topics(timeout=10).topics
     assert not [t for t in left if t.startswith(settings.topic_prefix + "bench-propagation-")]
