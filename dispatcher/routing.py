@@ -1074,12 +1074,15 @@ def _groups(
         codes = cache.codes(keys, step=step, pause=pause)
         names = cache.names
     offs = np.asarray(offsets, dtype=np.int64)
-    per_target = np.repeat(codes, np.diff(offs))
-    ok = (per_target >= 0) & (targets >= 0)
-    if not ok.any():
+    width = int(targets.max()) + 1 if len(targets) else 1
+    if found is not None and compiled is not None:  # the same pairs, without the GIL
+        pairs = compiled.group_pairs(codes, offs, np.asarray(targets, np.int64), width)
+    else:
+        per_target = np.repeat(codes, np.diff(offs))
+        ok = (per_target >= 0) & (targets >= 0)
+        pairs = np.unique(per_target[ok] * width + targets[ok])
+    if not len(pairs):  # sorted: by group, then destination
         return {}
-    width = int(targets.max()) + 1
-    pairs = np.unique(per_target[ok] * width + targets[ok])  # sorted: by group, then destination
     group_of = pairs // width
     starts = np.flatnonzero(np.diff(group_of, prepend=-1))
     ends = np.append(starts[1:], len(pairs))
