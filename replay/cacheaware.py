@@ -40,9 +40,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from cacheroute.dispatcher.prefixes import PrefixIndex
 from cacheroute.replay.baselines import PeerState, peer_load
 from cacheroute.replay.policy import Policy, PolicyContext
-from cacheroute.replay.prefixindex import PrefixIndex
 
 __all__ = ["Preble", "SGLang"]
 

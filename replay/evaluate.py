@@ -172,6 +172,9 @@ class EvalConfig:
     """cacheroute's gateways estimate what of a key's context is still cached from each
     replica's KV capacity (`PlanConfig.cache_aware`); False: cached until the key moves; None:
     when there is one gateway (the only case it is for, as `spill_home`)."""
+    prefix_affinity: bool | None = None
+    """cacheroute's gateways send a key new to their cold path where its prompt's leading blocks
+    went (`PlanConfig.prefix_affinity`); None: when there is one gateway (as `spill_home`)."""
     session_hints: bool = False
     """cacheroute's gateways also know each request's conversation (`traces.session_hints`),
     for sources whose keys are coarser than conversations (block traces keyed by leading
@@ -218,6 +221,11 @@ class EvalConfig:
     def resolved_context_home(self) -> bool:
         """Whether cacheroute's gateways use context homes: as set, else at one gateway."""
         return self._sole_gateway_rule(self.context_home)
+
+    @property
+    def resolved_prefix_affinity(self) -> bool:
+        """Whether cacheroute's gateways follow prompts' blocks: as set, else at one gateway."""
+        return self._sole_gateway_rule(self.prefix_affinity)
 
     @property
     def resolved_cache_aware(self) -> bool:
@@ -410,6 +418,7 @@ class Evaluation:
                 "context_home": cfg.resolved_context_home,
                 "plan_cost": "reported" if cfg.reported_cost else "declared",
                 "cache_aware": cfg.resolved_cache_aware,
+                "prefix_affinity": cfg.resolved_prefix_affinity,
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -512,6 +521,7 @@ class _Runner:
             spill_home=self.cfg.resolved_spill_home,
             context_home=self.cfg.resolved_context_home,
             cache_aware=self.cfg.resolved_cache_aware,
+            prefix_affinity=self.cfg.resolved_prefix_affinity,
             reported_cost=self.cfg.reported_cost,
         )
 

@@ -90,6 +90,11 @@ class _Planned(Policy):
             spill_home=cfg.spill_home and self.extensions,
             context_home=cfg.context_home and self.extensions,
             cache_tokens=ctx.service.cache_tokens if cfg.cache_aware and self.extensions else None,
+            prefix_blocks=(
+                ctx.service.cache_tokens // ctx.requests.block_tokens
+                if cfg.prefix_affinity and self.extensions
+                else 0
+            ),
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys
@@ -100,6 +105,10 @@ class _Planned(Policy):
         self.units: list[int] = [1] * q.n
         self.all_key_index = ctx.requests.key_index
         self.sessions = ctx.sessions if self.extensions else None
+        self.block_offsets: list[int] | None = (
+            q.block_offsets.tolist() if cfg.prefix_affinity and self.extensions else None
+        )
+        """Per request, where its prompt's blocks start in `q.block_ids` (prefix affinity)."""
         self.params = PlannerParams(
             q_cap=cfg.q_cap,
             warm_slots=cfg.warm_slots,
@@ -151,7 +160,13 @@ class _Planned(Policy):
     def route(self, i: int, t: float) -> int:
         key = self.keys[self.key_index[i]]
         session = self.sessions[i] if self.sessions is not None else None
-        d = self.router.route_index(key, session)
+        offs = self.block_offsets
+        if offs is None:
+            d = self.router.route_index(key, session)
+        else:  # the gateway hashes the prompt's blocks and remembers where they went
+            blocks = self.ctx.requests.block_ids[offs[i] : offs[i + 1]].tolist()
+            d = self.router.route_index(key, session, blocks)
+            self.router.remember(d, blocks)
         if self.unit_tokens is not None:  # the gateway's weight: uncached prompt + decode
             self.units[i] = self.router.work_units(key, d, self.prompts[i], session)
         self.router.acquire(d, self.units[i])

@@ -104,6 +104,9 @@ class PlanConfig:
     """cacheroute's planner weighs a key by the uncached tokens the engines reported for its
     finished requests, as the planner service does from the gateways' usage reports
     (`planner.work.planning_rates`); False: by its declared reusable prefix."""
+    prefix_affinity: bool = False
+    """cacheroute's gateways send a key new to their cold path where its prompt's leading blocks
+    went (`Router.prefix_blocks`, an index of as many blocks as a replica's cache holds)."""
     cache_aware: bool = False
     """cacheroute's gateways know each replica's KV capacity (`ServiceModel.cache_tokens`, as an
     operator configures it) and estimate what of a key's context is still cached, LRU-wise

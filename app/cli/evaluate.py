@@ -427,6 +427,12 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "gateway only.",
 )
 @_sole_gateway_option(
+    "--prefix-affinity",
+    "cacheroute: a key new to a gateway's cold path goes where that gateway sent its prompt's "
+    "leading blocks (its system prompt, its tenant's prompt), if one replica got more than a "
+    "quarter of them; auto: on at one gateway only.",
+)
+@_sole_gateway_option(
     "--context-home",
     "cacheroute: a key new in the live plan stays where its gateway sent its conversation "
     "last (its history is cached there) while that is the cheaper choice (for a gateway that "
@@ -726,6 +732,7 @@ def _make_run(
             context_home=_auto_on_off(opts.context_home),
             reported_cost=opts.plan_cost == "reported",
             cache_aware=_auto_on_off(opts.cache_aware),
+            prefix_affinity=_auto_on_off(opts.prefix_affinity),
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
@@ -839,8 +846,11 @@ is cached by what recomputing that context would cost). On Mooncake traces keyed
 blocks, gateways also pass each request's conversation as its **session** (found from the
 blocks as session keys are: what a gateway also hashes from system prompt plus first message),
 and a planned key's replicas share its conversations by bounded-load rendezvous hashing instead
-of request by request (`--no-session-hints` turns it off). Ties among a key's replicas are broken at
-random. W = 64 keys are planned per destination (`WARM_SLOTS` in `replay/policy.py` says how
+of request by request (`--no-session-hints` turns it off). A sole gateway (G = 1), which sees all
+the traffic, also uses the rules that need that view: spill homes, context homes, cache awareness
+and **prefix affinity** (a key new to the gateway's cold path goes where the gateway sent its
+prompt's leading blocks, if one replica got more than a quarter of them; `--prefix-affinity`).
+Ties among a key's replicas are broken at random. W = 64 keys are planned per destination (`WARM_SLOTS` in `replay/policy.py` says how
 that default was chosen, on these runs); the rest take the cold path. Runs below turn extensions
 off one at a time. Absolute numbers depend on the service model; the
 comparisons are what this document is for. It says where CacheRoute does not win.
@@ -905,6 +915,7 @@ class EvaluateOptions:
     plan_on_work: bool
     keep_homes: bool
     spill_home: str
+    prefix_affinity: str
     context_home: str
     cache_aware: str
     plan_cost: str
@@ -1143,6 +1154,26 @@ _SUITE = (
         trace=_CHAT_SHAPE,
         options=(
             ("context_home", "off", "--context-home off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Demo traffic recorded by real gateways, G = 1, without prefix affinity (what following "
+        "prompts' leading blocks buys at one gateway)",
+        "demo-recorded_g1_no_prefix_affinity",
+        trace=_DEMO_RECORDED,
+        options=(
+            ("prefix_affinity", "off", "--prefix-affinity off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Conversation workload, G = 16, with prefix affinity (why it is for one gateway only)",
+        "conversation_g16_prefix_affinity",
+        workload="conversation",
+        options=(
+            ("gateways", 16, "--gateways 16"),
+            ("prefix_affinity", "on", "--prefix-affinity on"),
             ("policies", "flat-lb,cacheroute", ""),
         ),
     ),

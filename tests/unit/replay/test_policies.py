@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from cacheroute.dispatcher.prefixes import PrefixIndex
 from cacheroute.dispatcher.routing import Router, RoutingTable
 from cacheroute.planner import Plan
 from cacheroute.replay.baselines import Chwbl, FlatLB, Sticky
@@ -22,7 +23,6 @@ from cacheroute.replay.planned import (
 )
 from cacheroute.replay.policies import POLICY_NAMES, make_policy
 from cacheroute.replay.policy import PlanConfig, PolicyContext
-from cacheroute.replay.prefixindex import PrefixIndex
 from cacheroute.replay.requestset import RequestSet, make_request_set
 from cacheroute.replay.service import ServiceModel
 

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
+from cacheroute.dispatcher.prefixes import PrefixIndex
 from cacheroute.replay.baselines import Chwbl, FlatLB
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.fleet import Fleet, FleetConfig
 from cacheroute.replay.policy import PlanConfig, PolicyContext
-from cacheroute.replay.prefixindex import PrefixIndex
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig, simulate
