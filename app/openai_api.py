@@ -89,7 +89,7 @@ def prompt_text(body: object, *, chat: bool) -> str:
 _HASH_ROOT = bytes(8)
 
 
-def prefix_block_hashes(text: str, block_tokens: int) -> list[int]:
+def prefix_block_hashes(text: str, block_tokens: int, limit: int | None = None) -> list[int]:
     """Chained 64-bit hashes of the full `block_tokens`-token blocks of a prompt's text.
 
     The identity the trace readers give blocks: hash j covers block j *and* everything before it
@@ -97,13 +97,17 @@ def prefix_block_hashes(text: str, block_tokens: int) -> list[int]:
     their first m blocks are the same text, and equal hashes mean a reusable prefix. A block is
     `block_tokens` x CHARS_PER_TOKEN characters (the gateway has not tokenized anything); a
     partial last block is not hashed (engines never cache one). Signed, to fit Avro's long.
+    `limit`: at most this many leading blocks.
     """
     chars = block_tokens * CHARS_PER_TOKEN
     if chars <= 0:
         return []
     out: list[int] = []
     prev = _HASH_ROOT
-    for start in range(0, len(text) - chars + 1, chars):  # by characters, as the estimate counts
+    end = len(text) - chars + 1
+    if limit is not None:
+        end = min(end, limit * chars)
+    for start in range(0, end, chars):  # by characters, as the estimate counts
         block = text[start : start + chars].encode("utf-8", "surrogatepass")
         prev = hashlib.blake2b(prev + block, digest_size=8).digest()
         out.append(int.from_bytes(prev, "little", signed=True))

@@ -103,6 +103,10 @@ class DispatcherConfig:
     """Set only when this is the cluster's one gateway: each destination's KV cache capacity in
     tokens, so a key's context counts as cached only while it can still fit there
     (`Router.cache_tokens`); None: cached until the key moves."""
+    prefix_blocks: int = 0
+    """Set only when this is the cluster's one gateway: remember this many prompt blocks per
+    destination, so a key new to the cold path goes where its prompt's leading blocks went
+    (`Router.prefix_blocks`; pass `blocks` to `request`). 0: off."""
 
     def __post_init__(self) -> None:
         if self.switch_interval_s is not None and not (
@@ -180,6 +184,7 @@ class Dispatcher:
             spill_home=self.config.spill_home,
             context_home=self.config.context_home,
             cache_tokens=self.config.cache_tokens,
+            prefix_blocks=self.config.prefix_blocks,
         )
         self.clock = clock
         self.health_check = health_check
@@ -217,6 +222,7 @@ class Dispatcher:
         *,
         prompt_tokens: int | None = None,
         session: str | None = None,
+        blocks: Sequence[int] | None = None,
     ) -> InFlight:
         """Route `key` and count it in flight until the `with` block ends; `as` gives the name.
 
@@ -232,9 +238,12 @@ class Dispatcher:
         keep the returned object and call `release()` itself when the last byte went out.
         `session`: the request's conversation when `key` is coarser (a tenant, a system prompt):
         a planned key's replicas then share its conversations and each conversation stays where
-        its history is cached (`Router.route_index`). Never raises.
+        its history is cached (`Router.route_index`). `blocks`: the prompt's chained block
+        hashes (`openai_api.prefix_block_hashes`), for `prefix_blocks`. Never raises.
         """
-        i = self.route_index(key, session)
+        i = self.route_index(key, session, blocks)
+        if blocks is not None:
+            self.router.remember(i, blocks)
         if prompt_tokens is not None:
             try:
                 units = self.router.work_units(key, i, int(prompt_tokens), session)

@@ -83,8 +83,9 @@ def _config_help() -> str:
     "--sole-gateway",
     is_flag=True,
     help="This is the cluster's only gateway: its in-flight counts are the backends' real loads, "
-    "so a planned key may balance between its planned backend and where it last spilled, and "
-    "a conversation the new plan admits stays where its history is cached while that is cheaper.",
+    "so a planned key may balance between its planned backend and where it last spilled, "
+    "a conversation the new plan admits stays where its history is cached while that is cheaper, "
+    "and a new conversation starts where its prompt's leading blocks went (prefix affinity).",
 )
 @click.option(
     "--cache-tokens",

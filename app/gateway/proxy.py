@@ -56,6 +56,15 @@ __all__ = ["BACKEND_HEADER", "Proxy", "json_error"]
 log = logging.getLogger(__name__)
 
 BACKEND_HEADER = "x-cacheroute-backend"
+PREFIX_BLOCK_TOKENS = 512
+"""A sole gateway's prefix affinity hashes prompts in blocks of this many tokens (4 characters a
+token; what the trace readers use) unless --hash-blocks sets another size."""
+PREFIX_ROUTING_BLOCKS = 64
+"""... and routes by at most this many leading blocks: a new conversation's shared part (system
+prompt, tenant prompt) comes first, and hashing all of an 85k-token prompt per request would
+cost ~0.2 ms."""
+PREFIX_INDEX_BLOCKS = 4096
+"""Blocks remembered per backend when --cache-tokens does not say how many fit in its cache."""
 """Response header naming the backend that served the request."""
 _FORWARDED = ("Accept", "X-Request-Id", "Idempotency-Key")
 _RETURNED = ("X-Request-Id",)
@@ -141,7 +150,17 @@ class Proxy:
         estimate = estimate_tokens(text)
         bt = self.config.hash_block_tokens
         hashes = prefix_block_hashes(text, bt) if bt > 0 and self.emitter is not None else None
-        return await self._route(request, raw, key, estimate, t0, session=session, hashes=hashes)
+        blocks = None  # the leading blocks a sole gateway routes new conversations by
+        if self.dispatcher.config.prefix_blocks > 0:
+            rbt = self.config.hash_block_tokens or PREFIX_BLOCK_TOKENS
+            blocks = (
+                hashes[:PREFIX_ROUTING_BLOCKS]
+                if hashes is not None and rbt == bt
+                else prefix_block_hashes(text, rbt, PREFIX_ROUTING_BLOCKS)
+            )
+        return await self._route(
+            request, raw, key, estimate, t0, session=session, hashes=hashes, blocks=blocks
+        )
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse a body announced too large before the client sends it."""
@@ -190,6 +209,7 @@ class Proxy:
         *,
         session: str | None = None,
         hashes: list[int] | None = None,
+        blocks: list[int] | None = None,
     ) -> web.StreamResponse:
         """Route, forward, retry once on another backend; always release and emit."""
         router = self.dispatcher.router
@@ -198,7 +218,8 @@ class Proxy:
         failure = ""
         try:
             for attempt in range(2):
-                i = router.route_index(key, session)
+                i = router.route_index(key, session, blocks)
+                router.remember(i, blocks)
                 if not router.up[i]:  # everything is down: the router fell back to any name
                     break
                 backend = self.backends[i]

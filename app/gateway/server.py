@@ -22,7 +22,7 @@ from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.gateway.config import GatewayConfig
 from cacheroute.gateway.health import BackendHealth
 from cacheroute.gateway.metrics import GatewayMetrics
-from cacheroute.gateway.proxy import Proxy
+from cacheroute.gateway.proxy import PREFIX_BLOCK_TOKENS, PREFIX_INDEX_BLOCKS, Proxy
 from cacheroute.gateway.status import Status
 from cacheroute.openai_api import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from cacheroute.settings import Settings
@@ -46,6 +46,7 @@ class Gateway:
                 spill_home=config.sole_gateway,
                 context_home=config.sole_gateway,
                 cache_tokens=(config.cache_tokens or None) if config.sole_gateway else None,
+                prefix_blocks=_prefix_blocks(config),
             ),
         )
         self.emitter: Emitter | None = None
@@ -141,3 +142,12 @@ class Gateway:
         if self.emitter is not None:
             self.emitter.close(timeout=10)
         self.dispatcher.close()
+
+
+def _prefix_blocks(config: GatewayConfig) -> int:
+    """A sole gateway remembers a backend's cache worth of prompt blocks (`Router.prefix_blocks`),
+    else `PREFIX_INDEX_BLOCKS`; gateways behind a balancer do not (0)."""
+    if not config.sole_gateway:
+        return 0
+    block = config.hash_block_tokens or PREFIX_BLOCK_TOKENS
+    return max(1, config.cache_tokens // block) if config.cache_tokens else PREFIX_INDEX_BLOCKS

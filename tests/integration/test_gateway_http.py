@@ -32,6 +32,7 @@ from cacheroute.schemas import RequestBatch, RequestEvent, decode_any
 from cacheroute.settings import Settings
 from cacheroute.topics import ensure_topics
 from tests.integration.gateway_support import (
+    MODEL,
     Service,
     chat_body,
     engine,
@@ -299,6 +300,40 @@ def _labelled(port: int, name: str) -> dict[str, float]:
             head, _, value = line.rpartition(" ")
             out[head[len(name) + 1 : -1]] = float(value)
     return out
+
+
+# -------------------------------------------------------------------------- prefix affinity
+def _system_prompt_chat(system: str, text: str) -> bytes:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
+        "max_tokens": 2,
+    }
+    return orjson.dumps(body)
+
+
+def test_a_sole_gateway_starts_new_conversations_where_their_prompt_went(tmp_path: Path) -> None:
+    """Conversations (x-session-id keys) sharing a long system prompt: a sole gateway sends each
+    new one where the prompt's leading blocks went; behind a balancer the keys spread."""
+    system = "You are the support assistant of tenant 7. " * 40  # ~1,700 characters
+    with ExitStack() as stack:
+        engines = {
+            n: stack.enter_context(engine(n, tmp_path, "--zero-delay")).port
+            for n in ("e0", "e1", "e2", "e3")
+        }
+        sole = stack.enter_context(
+            gateway("gw-sole", tmp_path, engines, "--sole-gateway", "--hash-blocks", "16")
+        )
+        plain = stack.enter_context(gateway("gw-plain", tmp_path, engines, "--hash-blocks", "16"))
+        got: dict[str, set[str | None]] = {"sole": set(), "plain": set()}
+        for n in range(12):
+            body = _system_prompt_chat(system, f"question {n}")
+            for name, gw in (("sole", sole), ("plain", plain)):
+                reply = post_chat(gw.port, body, key=f"tenant-7-conv-{n}")
+                assert reply.status == 200, reply.body
+                got[name].add(reply.backend)
+        assert len(got["sole"]) == 1  # every conversation where the first one's prompt went
+        assert len(got["plain"]) > 1, plain.tail()  # no prefix affinity: the keys' ring places
 
 
 # ------------------------------------------------------------------ models, 502 and 503

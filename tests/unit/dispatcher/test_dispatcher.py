@@ -178,3 +178,27 @@ def test_request_holds_its_units_until_the_block_ends_even_on_error() -> None:
     assert d.router.total_inflight == 5
     held.release()
     assert d.router.total_inflight == 0
+
+
+def test_request_with_blocks_sends_a_new_conversation_where_its_prompt_went() -> None:
+    names = [f"d{i}" for i in range(6)]
+    d = Dispatcher(names, DispatcherConfig(prefix_blocks=64))
+    with d.request("tenant-a/conv-1", blocks=[101, 102, 103]) as first:
+        pass
+    # another conversation of the same system prompt (3 of its 4 leading blocks) follows it,
+    # whichever conversation key it has
+    for n in range(2, 40):
+        with d.request(f"tenant-a/conv-{n}", blocks=[101, 102, 103, 1000 + n]) as dest:
+            assert dest == first
+    assert d.router.counts[RouteKind.PREFIX] == 38
+    assert sum(d.router.inflight) == 0
+    # without prefix_blocks the blocks change nothing (the cold path's ring decides)
+    plain = Dispatcher(names)
+    with plain.request("tenant-a/conv-1", blocks=[101, 102, 103]):
+        pass
+    spread = set()
+    for n in range(2, 40):
+        with plain.request(f"tenant-a/conv-{n}", blocks=[101, 102, 103, 1000 + n]) as dest:
+            spread.add(dest)
+    assert len(spread) > 1
+    assert plain.router.counts[RouteKind.PREFIX] == 0

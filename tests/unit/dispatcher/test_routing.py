@@ -473,3 +473,72 @@ def test_without_context_home_a_newly_admitted_key_follows_its_plan() -> None:
     r.acquire(r.index[planned], 3)
     assert r.route("conv") == planned
     assert r.counts[RouteKind.CONTEXT_HOME] == 0
+
+
+def _prefix_router(blocks: int = 100) -> Router:
+    r = Router(NAMES, rng=random.Random(3), prefix_blocks=blocks)
+    r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
+    return r
+
+
+def _not_ring_first(names: list[str], avoid: str) -> str:
+    """A key whose cold path, with nothing in flight, does not start at `avoid`."""
+    return next(f"c{i}" for i in range(1000) if _ring_order(f"c{i}", names)[0] != avoid)
+
+
+def test_a_new_cold_key_goes_where_its_prompts_leading_blocks_went() -> None:
+    r = _prefix_router()
+    r.remember(2, [11, 12, 13, 14])  # a system prompt of four blocks went to d2
+    key = _not_ring_first(NAMES, "d2")
+    # 2 of 5 leading blocks match at d2 (> a quarter): it follows them, not its ring
+    assert r.route_index(key, None, [11, 12, 99, 98, 97]) == 2
+    assert r.counts[RouteKind.PREFIX] == 1
+    assert r.counts[RouteKind.COLD] == 1  # a prefix route is a cold route too
+    # and then stays there like any cold key (its last destination, under the bound)
+    assert r.route_index(key, None, [50, 51]) == 2
+    assert r.counts[RouteKind.PREFIX] == 1
+
+
+def test_a_short_or_overloaded_match_and_planned_keys_keep_their_rules() -> None:
+    r = _prefix_router()
+    r.remember(2, [11, 12, 13, 14])
+    key = _not_ring_first(NAMES, "d2")
+    ring = NAMES.index(_ring_order(key, NAMES)[0])
+    # 1 of 4 blocks is exactly a quarter, not more: the ring decides
+    assert r.route_index(key, None, [11, 90, 91, 92]) == ring
+    other = next(k for k in (f"x{i}" for i in range(1000)) if _ring_order(k, NAMES)[0] != "d2")
+    for _ in range(3):  # d2 at the cold bound: ceil(1.25 x 4 / 4) = 2 <= 3 in flight
+        r.acquire(2)
+    assert r.route_index(other, None, [11, 12, 13]) != 2
+    # a planned key follows its plan whatever its blocks say
+    assert r.route_index("solo", None, [11, 12, 13, 14]) == 1
+    assert r.counts[RouteKind.PREFIX] == 0
+
+
+def test_only_the_last_prefix_blocks_per_destination_are_remembered() -> None:
+    r = _prefix_router(blocks=2)
+    r.remember(3, [1, 2])
+    r.remember(3, [7, 8])  # d3 remembers two blocks: 1 and 2 are gone
+    key = _not_ring_first(NAMES, "d3")
+    assert r.route_index(key, None, [1, 2]) != 3
+    key2 = next(f"z{i}" for i in range(1000) if _ring_order(f"z{i}", NAMES)[0] != "d3")
+    assert r.route_index(key2, None, [7, 8]) == 3
+
+
+def test_a_down_destination_is_never_chosen_by_prefix() -> None:
+    r = _prefix_router()
+    r.remember(1, [5, 6, 7])
+    r.mark_down("d1")
+    assert r.route_index("fresh", None, [5, 6, 7]) != 1
+
+
+def test_prefix_affinity_off_and_hostile_blocks() -> None:
+    off = Router(NAMES, rng=random.Random(3))
+    off.remember(2, [11, 12])  # off: a no-op
+    key = _not_ring_first(NAMES, "d2")
+    assert off.route_index(key, None, [11, 12]) == NAMES.index(_ring_order(key, NAMES)[0])
+    on = _prefix_router()
+    on.remember(0, ["not", "ints"])  # type: ignore[list-item]  # never raises
+    on.remember(0, None)
+    with pytest.raises(DispatchError):
+        Router(NAMES, prefix_blocks=-1)

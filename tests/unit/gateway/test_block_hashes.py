@@ -41,3 +41,12 @@ def test_non_ascii_text_is_cut_by_characters() -> None:
     hashes = prefix_block_hashes(text, 2)
     assert len(hashes) == 2
     assert hashes[1] != hashes[0]
+
+
+def test_a_limit_keeps_only_the_leading_blocks() -> None:
+    text = "".join(chr(ord("a") + i) * 8 for i in range(5))  # five 2-token blocks
+    whole = prefix_block_hashes(text, 2)
+    assert len(whole) == 5
+    assert prefix_block_hashes(text, 2, 3) == whole[:3]
+    assert prefix_block_hashes(text, 2, 9) == whole
+    assert prefix_block_hashes(text, 2, 0) == []
