@@ -43,6 +43,9 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
 - any other key (not admitted, new since the last plan), an admitted key whose whole T(b) is down,
   no plan yet, or a plan older than the staleness limit -> the **cold path** (`cold_affinity`, our
   extension), which gives every key a home without coordination between gateways:
+  * with `prefix_blocks` (off by default; for a sole gateway): a key new to this gateway goes
+    where the longest run of its prompt's leading blocks went (more than `PREFIX_SHARE` of
+    them, under the bound below), counted as `prefix`;
   * its group's destinations: a key whose group (text before the plan's `group_separator`, e.g.
     the tenant of `tenant-3/conv-9`) has admitted siblings goes to one of the destinations they
     use, chosen by rendezvous hashing - a new conversation lands where its tenant's prompt is
