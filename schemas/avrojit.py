@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 import numba
 import numpy as np
 
-__all__ = ["njit", "write_long"]
+__all__ = ["njit", "read_long", "write_long"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,3 +32,24 @@ def write_long(out: Any, pos: int, value: int) -> int:
         pos += 1
     out[pos] = np.uint8(v)
     return pos + 1
+
+
+@njit
+def read_long(buf: Any, pos: int, end: int) -> tuple[Any, int, bool]:
+    """(value, position after it, ok) of the zig-zag varint at `pos`, read below `end`: at most
+    10 bytes, and the 10th may hold only the 64th bit (wider values are refused, not wrapped)."""
+    acc = np.uint64(0)
+    shift = np.uint64(0)
+    for i in range(10):
+        if pos >= end:
+            return 0, pos, False
+        b = np.uint64(buf[pos])
+        pos += 1
+        if i == 9 and b > np.uint64(1):  # more than 64 bits
+            return 0, pos, False
+        acc |= (b & np.uint64(0x7F)) << shift
+        if b < np.uint64(0x80):
+            value = np.int64(acc >> np.uint64(1)) ^ -np.int64(acc & np.uint64(1))
+            return value, pos, True
+        shift += np.uint64(7)
+    return 0, pos, False

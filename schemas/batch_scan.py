@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from cacheroute.schemas.avrojit import njit
+from cacheroute.schemas.avrojit import njit, read_long
 from cacheroute.schemas.codec import codec_for
 from cacheroute.schemas.records import RequestBatch
 
@@ -64,29 +64,9 @@ def key_hash(buf: Any, lo: int, hi: int) -> Any:
 
 
 @njit
-def _long(buf: Any, pos: int, end: int) -> tuple[Any, int, bool]:
-    """(value, position after it, ok) of the zig-zag varint at `pos`."""
-    acc = np.uint64(0)
-    shift = np.uint64(0)
-    for i in range(10):
-        if pos >= end:
-            return 0, pos, False
-        b = np.uint64(buf[pos])
-        pos += 1
-        if i == 9 and b > np.uint64(1):  # more than 64 bits
-            return 0, pos, False
-        acc |= (b & np.uint64(0x7F)) << shift
-        if b < np.uint64(0x80):
-            value = np.int64(acc >> np.uint64(1)) ^ -np.int64(acc & np.uint64(1))
-            return value, pos, True
-        shift += np.uint64(7)
-    return 0, pos, False
-
-
-@njit
 def _ascii_string(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     """(start, end, ok) of an ASCII string's bytes at `pos`; not ok for other text."""
-    n, pos, ok = _long(buf, pos, end)
+    n, pos, ok = read_long(buf, pos, end)
     if not ok or n < 0 or n > end - pos:  # (pos + n could overflow)
         return 0, 0, False
     for i in range(pos, pos + n):
@@ -98,14 +78,14 @@ def _ascii_string(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
 @njit
 def _block(buf: Any, pos: int, end: int) -> tuple[int, int, bool]:
     """(items in the next array block, position of its first item, ok); 0 items ends the array."""
-    count, pos, ok = _long(buf, pos, end)
+    count, pos, ok = read_long(buf, pos, end)
     if not ok:
         return 0, pos, False
     if count < 0:
         count = -count
         if count < 0:  # -2**63
             return 0, pos, False
-        _, pos, ok = _long(buf, pos, end)  # the block's byte size: not needed
+        _, pos, ok = read_long(buf, pos, end)  # the block's byte size: not needed
         if not ok:
             return 0, pos, False
     return count, pos, True
@@ -122,7 +102,7 @@ def _ints(buf: Any, pos: int, end: int, out: Any, int32: bool) -> tuple[int, int
         if count == 0:
             return n, pos, True
         for _ in range(count):
-            v, pos, ok = _long(buf, pos, end)
+            v, pos, ok = read_long(buf, pos, end)
             if not ok or (int32 and (v < -2147483648 or v > 2147483647)):
                 return n, pos, False
             out[n] = v
@@ -137,7 +117,7 @@ def _skip_long_array(buf: Any, pos: int, end: int) -> tuple[int, bool]:
         if not ok or count == 0:
             return pos, ok
         for _ in range(count):
-            _, pos, ok = _long(buf, pos, end)
+            _, pos, ok = read_long(buf, pos, end)
             if not ok:
                 return pos, False
 
@@ -170,7 +150,7 @@ def _count_keys(buf: Any, pos: int) -> int:
     if not ok:
         return -1
     for _ in range(2):  # seq, created_ms
-        _, pos, ok = _long(buf, pos, end)
+        _, pos, ok = read_long(buf, pos, end)
         if not ok:
             return -1
     n, _, ok = _skip_array(buf, pos, end, True)
@@ -200,10 +180,10 @@ def _scan(  # noqa: PLR0911, PLR0912, PLR0917 - one compiled pass, a bail-out pe
     pos = hi
     head[0] = lo
     head[1] = hi
-    seq, pos, ok = _long(buf, pos, end)
+    seq, pos, ok = read_long(buf, pos, end)
     if not ok:
         return False
-    created, pos, ok = _long(buf, pos, end)
+    created, pos, ok = read_long(buf, pos, end)
     if not ok:
         return False
     head[2] = seq
@@ -234,7 +214,7 @@ def _scan(  # noqa: PLR0911, PLR0912, PLR0917 - one compiled pass, a bail-out pe
         return False
     lengths[2] = m
     for col in range(3, 7):
-        branch, pos, ok = _long(buf, pos, end)
+        branch, pos, ok = read_long(buf, pos, end)
         if not ok or branch < 0 or branch > 1:
             return False
         m = -1

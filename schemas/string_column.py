@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cacheroute.schemas.avrojit import njit
+from cacheroute.schemas.avrojit import njit, read_long
 
 __all__ = ["HAS_NUL", "NOT_FAST", "OK", "join_strings", "split_joined", "warm_up"]
 
@@ -34,28 +34,6 @@ NOT_FAST = 1
 """Not handled here (negative count or length, a varint over 64 bits, a truncated body)."""
 HAS_NUL = 2
 """Well formed, but some key holds a NUL byte: read it key by key."""
-
-
-@njit
-def _varint(buf: Any, pos: int) -> tuple[Any, int, bool]:
-    """(zig-zag decoded value, next position, ok) of the varint at `pos`: at most 10 bytes, and
-    the 10th may hold only the 64th bit (wider values are refused, not wrapped)."""
-    n = buf.shape[0]
-    result = np.uint64(0)
-    shift = np.uint64(0)
-    for i in range(10):
-        if pos >= n:
-            return 0, pos, False
-        byte = np.uint64(buf[pos])
-        pos += 1
-        if i == 9 and byte > np.uint64(1):
-            return 0, pos, False
-        result |= (byte & np.uint64(0x7F)) << shift
-        shift += np.uint64(7)
-        if byte < np.uint64(0x80):
-            value = np.int64(result >> np.uint64(1)) ^ -np.int64(result & np.uint64(1))
-            return value, pos, True
-    return 0, pos, False
 
 
 @njit
@@ -71,13 +49,13 @@ def join_strings(buf: Any, pos: int, joined: Any) -> tuple[int, int, int, int]:
     size = 0
     nul = False
     while True:
-        count, pos, ok = _varint(buf, pos)
+        count, pos, ok = read_long(buf, pos, n)
         if not ok or count < 0:
             return NOT_FAST, items, size, pos
         if count == 0:
             return (HAS_NUL if nul else OK), items, size, pos
         for _ in range(count):
-            length, pos, ok = _varint(buf, pos)
+            length, pos, ok = read_long(buf, pos, n)
             if not ok or length < 0 or length > n - pos:
                 return NOT_FAST, items, size, pos
             if items:

@@ -34,3 +34,14 @@ def batches(draw: st.DrawFn, text: st.SearchStrategy[str], *, hashes: bool = Tru
         destinations=optional(text),  # type: ignore[arg-type]
         prefix_block_hashes=optional(st.lists(LONGS, max_size=4)) if hashes else None,  # type: ignore[arg-type]
     )
+
+
+def zigzag(v: int) -> bytes:
+    """Avro's zig-zag varint of a 64-bit long, by hand (the tests' own encoder)."""
+    v = ((v << 1) ^ (v >> 63)) & ((1 << 64) - 1)
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)

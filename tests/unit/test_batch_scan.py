@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cacheroute.schemas import RequestBatch, SchemaError, codec_for, load_schema
 from cacheroute.schemas.batch_scan import BATCH_FIELDS, ScannedBatch, scan_request_batch
 
-from .batch_strategies import ASCII, batches
+from .batch_strategies import ASCII, batches, zigzag
 
 CODEC = codec_for(RequestBatch)
 
@@ -110,23 +110,13 @@ def test_other_records_are_declined() -> None:
     assert scan_request_batch(b"\xc3\x01" + b"\x00" * 20) is None  # another fingerprint
 
 
-def _zigzag(v: int) -> bytes:
-    v = ((v << 1) ^ (v >> 63)) & ((1 << 64) - 1)
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def test_hostile_lengths_and_counts_are_declined_without_reading_out_of_bounds() -> None:
     """Lengths whose sum with the position overflows 64 bits, and counts past the buffer."""
-    head = CODEC.prefix + _zigzag(1) + b"g" + _zigzag(0) + _zigzag(1)
+    head = CODEC.prefix + zigzag(1) + b"g" + zigzag(0) + zigzag(1)
     for huge in (2**62, 2**63 - 1, 2**63 - 3):
-        assert scan_request_batch(CODEC.prefix + _zigzag(huge) + b"xx") is None  # gateway id
-        assert scan_request_batch(head + _zigzag(huge) + b"\x02k") is None  # keys count
-        assert scan_request_batch(head + _zigzag(1) + _zigzag(huge) + b"k") is None  # key length
+        assert scan_request_batch(CODEC.prefix + zigzag(huge) + b"xx") is None  # gateway id
+        assert scan_request_batch(head + zigzag(huge) + b"\x02k") is None  # keys count
+        assert scan_request_batch(head + zigzag(1) + zigzag(huge) + b"k") is None  # key length
         # block count -huge (negative: followed by a byte size)
-        assert scan_request_batch(head + _zigzag(-huge) + _zigzag(4) + b"\x02k") is None
-    assert scan_request_batch(head + _zigzag(-(2**63)) + b"\x00") is None
+        assert scan_request_batch(head + zigzag(-huge) + zigzag(4) + b"\x02k") is None
+    assert scan_request_batch(head + zigzag(-(2**63)) + b"\x00") is None

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from cacheroute.schemas import codec
 from cacheroute.schemas.string_column import HAS_NUL, NOT_FAST, OK, join_strings, split_joined
 
+from .batch_strategies import zigzag
+
 SCHEMA = fastavro.parse_schema({"type": "array", "items": "string"})
 
 
@@ -34,17 +36,6 @@ def _fastavro(data: bytes) -> list[str] | None:
         return None
     assert isinstance(keys, list)
     return keys
-
-
-def _long(n: int) -> bytes:
-    """Avro zig-zag varint of n."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def _read(data: bytes) -> tuple[list[str], int] | None:
@@ -91,9 +82,9 @@ def test_damaged_columns_are_read_as_fastavro_reads_them_or_declined(
 
 def test_several_blocks_and_wide_lengths() -> None:
     long_key = "k" * 200  # a two-byte length
-    data = _long(2) + _long(1) + b"a" + _long(200) + long_key.encode()
-    data += _long(1) + _long(3) + "é/x".encode()[:3]  # a second block; "é/" is 3 bytes
-    data += _long(0)
+    data = zigzag(2) + zigzag(1) + b"a" + zigzag(200) + long_key.encode()
+    data += zigzag(1) + zigzag(3) + "é/x".encode()[:3]  # a second block; "é/" is 3 bytes
+    data += zigzag(0)
     assert _read(data) == (["a", long_key, "é/"], len(data))
     assert _fastavro(data) == ["a", long_key, "é/"]
 
@@ -119,14 +110,14 @@ def test_what_the_compiled_pass_declines() -> None:
         return int(join_strings(np.frombuffer(data, np.uint8), 0, buf)[0])
 
     assert status(_avro(["ab"])) == OK
-    assert status(_long(-1) + _long(3) + _long(1) + b"a" + _long(0)) == NOT_FAST  # sized block
-    assert status(_long(1) + _long(-2) + _long(0)) == NOT_FAST  # negative length
-    assert status(_long(1) + _long(5) + b"ab") == NOT_FAST  # truncated key
-    assert status(_long(2) + _long(1) + b"a") == NOT_FAST  # truncated column
+    assert status(zigzag(-1) + zigzag(3) + zigzag(1) + b"a" + zigzag(0)) == NOT_FAST  # sized block
+    assert status(zigzag(1) + zigzag(-2) + zigzag(0)) == NOT_FAST  # negative length
+    assert status(zigzag(1) + zigzag(5) + b"ab") == NOT_FAST  # truncated key
+    assert status(zigzag(2) + zigzag(1) + b"a") == NOT_FAST  # truncated column
     assert status(b"\xff" * 9 + b"\x02") == NOT_FAST  # 10th byte above the 64th bit
     assert status(b"\x80" * 10) == NOT_FAST  # no end of the varint in 10 bytes
-    assert _read(_long(1) + _long(2) + b"\xc3(" + _long(0)) is None  # invalid UTF-8
-    assert _fastavro(_long(1) + _long(2) + b"\xc3(" + _long(0)) is None
+    assert _read(zigzag(1) + zigzag(2) + b"\xc3(" + zigzag(0)) is None  # invalid UTF-8
+    assert _fastavro(zigzag(1) + zigzag(2) + b"\xc3(" + zigzag(0)) is None
 
 
 def test_split_joined_of_nothing_is_no_keys() -> None:
