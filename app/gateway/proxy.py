@@ -152,11 +152,10 @@ class Proxy:
         hashes = prefix_block_hashes(text, bt) if bt > 0 and self.emitter is not None else None
         blocks = None  # the leading blocks a sole gateway routes new conversations by
         if self.dispatcher.config.prefix_blocks > 0:
-            rbt = self.config.hash_block_tokens or PREFIX_BLOCK_TOKENS
-            blocks = (
+            blocks = (  # the event's hashes when there are any: the same blocks
                 hashes[:PREFIX_ROUTING_BLOCKS]
-                if hashes is not None and rbt == bt
-                else prefix_block_hashes(text, rbt, PREFIX_ROUTING_BLOCKS)
+                if hashes is not None
+                else prefix_block_hashes(text, bt or PREFIX_BLOCK_TOKENS, PREFIX_ROUTING_BLOCKS)
             )
         return await self._route(
             request, raw, key, estimate, t0, session=session, hashes=hashes, blocks=blocks
