@@ -105,7 +105,7 @@ class DispatcherConfig:
     (`Router.cache_tokens`); None: cached until the key moves."""
     prefix_blocks: int = 0
     """Set only when this is the cluster's one gateway: remember this many prompt blocks per
-    destination, so a key new to the cold path goes where its prompt's leading blocks went
+    destination, so a cold key goes where its prompt's leading blocks make it cheapest
     (`Router.prefix_blocks`; pass `blocks` to `request`). 0: off."""
     prefix_block_tokens: int = 512
     """Prompt tokens per block of the `blocks` passed to `request` (`Router.prefix_block_tokens`)."""
