@@ -745,7 +745,7 @@ class Router:
             h = ring_hash(key)
             start = bisect.bisect_left(self._ring_points, h)
             if lengths is not None:
-                d = self._by_cost(lengths, n)
+                d = self._by_cost(lengths, n, h)
                 self.counts[10] += 1
                 self._cold_start[key] = (start, d, h)
                 return d
@@ -762,7 +762,7 @@ class Router:
             ):
                 return last
             if lengths is not None:
-                d = self._by_cost(lengths, n)
+                d = self._by_cost(lengths, n, h)
                 self.counts[10] += 1
                 self._cold_start[key] = (start, d, h)
                 return d
@@ -770,10 +770,15 @@ class Router:
         self._cold_start[key] = (start, d, h)
         return d
 
-    def _by_cost(self, lengths: Sequence[int], blocks: int) -> int:
+    def _by_cost(self, lengths: Sequence[int], blocks: int, start: int) -> int:
         """The live destination where a prompt of `blocks` blocks costs least: its load plus
         the prefill of the blocks not among the `lengths[d]` leading blocks this gateway sent
-        there, in load units (ties: the first). Needs a live destination.
+        there, in load units. Needs a live destination.
+
+        Ties go to the less loaded (the same cost, a shorter queue to the first token), then to
+        the first from position `start` (the key's hash) modulo the live destinations: keys
+        nothing distinguishes spread as on the ring instead of all taking the first destination
+        (with few requests in flight, every new conversation would otherwise go there).
 
         No load bound on top: the cheapest destination's load is at most any other's plus the
         units its blocks save there, so (up to the rounding of units) it is past the cold bound
@@ -781,11 +786,15 @@ class Router:
         inflight = self.inflight
         per_block = self.prefix_block_tokens
         unit = self.unit_tokens
+        live = self.live
+        n = len(live)
+        first = start % n
         best = -1
         cost = 0
-        for d in self.live:
+        for j in range(first, first + n):
+            d = live[j % n]
             here = inflight[d] + (blocks - lengths[d]) * per_block // unit
-            if best < 0 or here < cost:
+            if best < 0 or here < cost or (here == cost and inflight[d] < inflight[best]):
                 best, cost = d, here
         return best
 

@@ -507,16 +507,17 @@ def test_the_cheapest_destination_is_load_plus_unmatched_blocks() -> None:
     r.acquire(2, 5)
     r.acquire(1, 1)
     key = _not_ring_first(NAMES, "d1")
-    # d0 = 0 + 6, d1 = 1 + 4, d2 = 5 + 0, d3 = 0 + 6: d1 and d2 tie at 5, the first one wins
+    # d0 = 0 + 6, d1 = 1 + 4, d2 = 5 + 0, d3 = 0 + 6: d1 and d2 tie at 5, the less loaded wins
     assert r.route_index(key, None, [1, 2, 3, 4, 5, 6]) == 1
     r.acquire(1, 1)  # d1 = 2 + 4 = 6 now: d2 is the cheapest
     assert r.route_index("another-key", None, [1, 2, 3, 4, 5, 6]) == 2
     assert r.counts[RouteKind.PREFIX] == 2
-    # 128-token blocks: four make a unit, so the six d2 holds save only one; d0 = 0 + 1
+    # 128-token blocks: four make a unit, so the six d2 holds save only one: d2 = 5 + 0 costs
+    # more than d0, d1 or d3 = 0 + 1
     q = Router(NAMES, rng=random.Random(3), prefix_blocks=100, prefix_block_tokens=128)
     q.remember(2, [1, 2, 3, 4, 5, 6])
     q.acquire(2, 5)
-    assert q.route_index("fresh", None, [1, 2, 3, 4, 5, 6]) == 0
+    assert q.route_index("fresh", None, [1, 2, 3, 4, 5, 6]) in (0, 1, 3)
     with pytest.raises(DispatchError):
         Router(NAMES, prefix_blocks=8, prefix_block_tokens=0)
 
@@ -532,13 +533,34 @@ def test_a_known_key_whose_context_is_gone_is_placed_again_by_cost() -> None:
     assert r.counts[RouteKind.PREFIX] == 1
     r.remember(3, [7, 8, 9])  # other prompts push the key's blocks out of d3
     r.acquire(3, 1)
-    # nothing of it is left at d3: cost d3 = 1 + 4, d0 = 0 + 4 -> d0
-    assert r.route_index(key, None, [1, 2, 3, 4]) == 0
+    r.remember(1, [1])  # and d1 got its first block from another request
+    # nothing of it is left at d3: cost d3 = 1 + 4, d0 = d2 = 0 + 4, d1 = 0 + 3 -> d1
+    assert r.route_index(key, None, [1, 2, 3, 4]) == 1
     assert r.counts[RouteKind.PREFIX] == 2
-    # and it stays there next time (d0 now holds more than a quarter of its blocks)
-    r.remember(0, [1, 2, 3, 4])
-    assert r.route_index(key, None, [1, 2, 3, 4, 5]) == 0
+    # and it stays there next time (d1 now holds more than a quarter of its blocks)
+    r.remember(1, [1, 2, 3, 4])
+    assert r.route_index(key, None, [1, 2, 3, 4, 5]) == 1
     assert r.counts[RouteKind.PREFIX] == 2
+
+
+def test_equally_cheap_destinations_go_to_the_less_loaded_then_by_the_keys_hash() -> None:
+    r = _prefix_router()
+    # nothing remembered, nothing in flight: every destination costs the same for every key;
+    # 400 keys spread over all four by their hashes (not all on d0), each key the same way twice
+    got = Counter(r.route_index(f"new-{i}", None, [1, 2]) for i in range(400))
+    assert set(got) == {0, 1, 2, 3}
+    assert min(got.values()) > 50
+    fresh = _prefix_router()
+    assert [fresh.route_index(f"new-{i}", None, [1, 2]) for i in range(50)] == [
+        _prefix_router().route_index(f"new-{i}", None, [1, 2]) for i in range(50)
+    ]
+    # the same cost at d1 (1 in flight + 1 unmatched) and d2 (0 + 2): the less loaded, d2
+    t = _prefix_router()
+    t.remember(1, [1])
+    t.acquire(1, 1)
+    t.acquire(0, 5)
+    t.acquire(3, 5)
+    assert all(t.route_index(f"k{i}", None, [1, 2]) == 2 for i in range(20))
 
 
 def test_a_known_key_past_the_bound_goes_where_it_costs_least() -> None:
