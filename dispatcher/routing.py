@@ -773,7 +773,8 @@ class Router:
     def _by_cost(self, lengths: Sequence[int], blocks: int, start: int) -> int:
         """The live destination where a prompt of `blocks` blocks costs least: its load plus
         the prefill of the blocks not among the `lengths[d]` leading blocks this gateway sent
-        there, in load units. Needs a live destination.
+        there, in tokens (a load unit is `unit_tokens`; not rounded to units, so a short shared
+        prompt still counts). Needs a live destination.
 
         Ties go to the less loaded (the same cost, a shorter queue to the first token), then to
         the first from position `start` (the key's hash) modulo the live destinations: keys
@@ -781,8 +782,8 @@ class Router:
         (with few requests in flight, every new conversation would otherwise go there).
 
         No load bound on top: the cheapest destination's load is at most any other's plus the
-        units its blocks save there, so (up to the rounding of units) it is past the cold bound
-        plus that saving only if every destination is past the bound, which is above the mean."""
+        units its blocks save there, so it is past the cold bound plus that saving only if
+        every destination is past the bound, which is above the mean."""
         inflight = self.inflight
         per_block = self.prefix_block_tokens
         unit = self.unit_tokens
@@ -793,7 +794,7 @@ class Router:
         cost = 0
         for j in range(first, first + n):
             d = live[j % n]
-            here = inflight[d] + (blocks - lengths[d]) * per_block // unit
+            here = inflight[d] * unit + (blocks - lengths[d]) * per_block
             if best < 0 or here < cost or (here == cost and inflight[d] < inflight[best]):
                 best, cost = d, here
         return best

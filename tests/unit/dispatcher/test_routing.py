@@ -512,8 +512,8 @@ def test_the_cheapest_destination_is_load_plus_unmatched_blocks() -> None:
     r.acquire(1, 1)  # d1 = 2 + 4 = 6 now: d2 is the cheapest
     assert r.route_index("another-key", None, [1, 2, 3, 4, 5, 6]) == 2
     assert r.counts[RouteKind.PREFIX] == 2
-    # 128-token blocks: four make a unit, so the six d2 holds save only one: d2 = 5 + 0 costs
-    # more than d0, d1 or d3 = 0 + 1
+    # 128-token blocks: the six blocks d2 holds save 768 tokens (1.5 units), less than its 5
+    # units in flight: d2 = 5 x 512 + 0 costs more than d0, d1 or d3 = 0 + 768
     q = Router(NAMES, rng=random.Random(3), prefix_blocks=100, prefix_block_tokens=128)
     q.remember(2, [1, 2, 3, 4, 5, 6])
     q.acquire(2, 5)
@@ -593,3 +593,15 @@ def test_prefix_affinity_off_and_hostile_blocks() -> None:
     on.remember(0, None)
     with pytest.raises(DispatchError):
         Router(NAMES, prefix_blocks=-1)
+
+
+def test_a_shared_prompt_shorter_than_a_load_unit_still_counts() -> None:
+    # 16-token blocks: a 26-block system prompt is 416 tokens, less than one 512-token unit, yet
+    # with nothing in flight the destination that holds it is the cheapest (0 against 416)
+    r = Router(NAMES, rng=random.Random(3), prefix_blocks=100, prefix_block_tokens=16)
+    system = list(range(26))
+    r.remember(3, system)
+    assert all(r.route_index(f"conv-{i}", None, [*system, 100 + i]) == 3 for i in range(20))
+    # one request in flight there (512 tokens) outweighs the 416 saved: elsewhere
+    r.acquire(3, 1)
+    assert r.route_index("conv-new", None, [*system, 99]) != 3
