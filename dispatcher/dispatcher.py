@@ -105,10 +105,8 @@ class DispatcherConfig:
     (`Router.cache_tokens`); None: cached until the key moves."""
     prefix_blocks: int = 0
     """Set only when this is the cluster's one gateway: remember this many prompt blocks per
-    destination, so a cold key goes where its prompt's leading blocks make it cheapest
+    destination, so a key new to the cold path goes where its prompt's leading blocks went
     (`Router.prefix_blocks`; pass `blocks` to `request`). 0: off."""
-    prefix_block_tokens: int = 512
-    """Prompt tokens per block of the `blocks` passed to `request` (`Router.prefix_block_tokens`)."""
 
     def __post_init__(self) -> None:
         if self.switch_interval_s is not None and not (
@@ -187,7 +185,6 @@ class Dispatcher:
             context_home=self.config.context_home,
             cache_tokens=self.config.cache_tokens,
             prefix_blocks=self.config.prefix_blocks,
-            prefix_block_tokens=self.config.prefix_block_tokens,
         )
         self.clock = clock
         self.health_check = health_check

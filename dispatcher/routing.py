@@ -44,11 +44,10 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   no plan yet, or a plan older than the staleness limit -> the **cold path** (`cold_affinity`, our
   extension), which gives every key a home without coordination between gateways:
   * with `prefix_blocks` (off by default; for a sole gateway): a key new to this gateway goes
-    where its request costs least - the destination's load plus the prefill of the prompt's
-    blocks it was not sent (`_by_cost`; this keeps it within the bound below plus what its
-    cached blocks save), counted as `prefix`; so does a key whose last destination no longer
-    holds more than `PREFIX_SHARE` of its prompt's blocks (its context there is gone: staying
-    saves nothing), and a key whose last destination is past the bound (instead of the ring);
+    where the longest run of its prompt's leading blocks went (more than `PREFIX_SHARE` of
+    them, under the bound below), counted as `prefix`; and a key whose last destination no
+    longer got more than `PREFIX_SHARE` of its prompt's blocks (its context there is gone:
+    staying saves nothing) is placed again as below instead of staying;
   * its group's destinations: a key whose group (text before the plan's `group_separator`, e.g.
     the tenant of `tenant-3/conv-9`) has admitted siblings goes to one of the destinations they
     use, chosen by rendezvous hashing - a new conversation lands where its tenant's prompt is
@@ -170,8 +169,8 @@ class RouteKind:
     CONTEXT_HOME = 9
     """A key new in the live plan sent where its context is cached (`Router.context_home`)."""
     PREFIX = 10
-    """Of the cold routes: a key placed by what its prompt would cost at each destination
-    given where its blocks went (`Router.prefix_blocks`); also counted as `cold`."""
+    """Of the cold routes: a key new to this gateway sent where its prompt's leading blocks
+    went (`Router.prefix_blocks`); also counted as `cold`."""
     NAMES = (
         "plan",
         "cold",
@@ -212,13 +211,12 @@ about what one request's share of the decode batch costs over a short answer."""
 RING_VNODES = 160
 """Points per destination on the cold path's ring (blake2b of `name#j`)."""
 PREFIX_SHARE = 0.25
-"""`Router.prefix_blocks`: a cold key stays where this gateway sent it last only while that
-destination still got more than this share of its prompt's blocks as their leading run (by the
-gateway's memory of what it sent where); at or below it, the key's context there is as good as
-gone and it is placed again by cost. Preble's exploit rule uses one half; measured on the
-long-context conversation trace with session keys at one gateway (SLO capacity, req/s, full
-size): 40.3 without the rule, 42.2 at one half, 43.2 at a quarter, 42.2 when only nothing left
-counts; the paper-like workload 347 at a quarter, 339 at one half."""
+"""`Router.prefix_blocks`: a new cold key follows its prompt's blocks when one destination got
+more than this share of them as its leading run, and a known cold key stays where it went last
+only while that destination still got more than this share of its blocks. Preble's exploit rule
+uses one half; for new keys a quarter was as good or better on every replay source tried (the
+long-context conversation trace with session keys at one gateway: 0 -> 39.4, 0.25 -> 40.3,
+0.5 -> 39.4 req/s, from 37.7 without)."""
 _COLD_CACHE_KEYS = 1 << 16
 """Ring positions of recent cold keys kept per router (the cache is cleared when full)."""
 
@@ -414,38 +412,31 @@ class Router:
     refreshes of the same key, it was mixed (-9% to +4%), so it is for a sole gateway."""
 
     prefix_blocks: int = 0
-    """> 0: prefix affinity on the cold path. The router remembers, per destination, the last
+    """> 0: prefix affinity for cold keys. The router remembers, per destination, the last
     `prefix_blocks` prompt blocks (chained block hashes) it sent there (`remember`; an LRU like
     the approximate prefix trees of SGLang's and Preble's routers, of this gateway's own
-    requests). A cold key is then placed where its request costs least (`_by_cost`): the
-    destination's load plus the prefill of the prompt's blocks not sent there, in load units.
-    That happens for a key new to this gateway, for a key whose last
-    destination no longer holds more than `PREFIX_SHARE` of its blocks, and for a key whose
-    last destination is past the bound plus its slack (instead of the ring walk); counted as
-    `prefix` (and `cold`). A new conversation then starts where its system prompt, or its
-    tenant's shared prompt, is warm even when its key (a session) says nothing of it and the
-    plan has no group for it, and a conversation whose history was evicted goes where it is
-    cheapest instead of refilling a busy replica (Preble's explore step, in this router's load
-    units). 0: off. Needs `blocks` in `route_index`; planned keys are not affected. Measured
-    in the replay at one gateway (SLO capacity, req/s, full size): recorded demo traffic
-    274 -> 315, paper-like 339 -> 347 and the long-context conversation trace with session keys
-    37.7 -> 40.3 with the first rule alone (a new key followed its blocks when one destination
-    got more than a quarter of them); with all three rules by cost, that trace 40.3 -> 43.2
-    and the Mooncake arXiv trace 46.1 -> 47.1, the other sources unchanged
-    (docs/EVALUATION.md)."""
-    prefix_block_tokens: int = 512
-    """Prompt tokens per block of the `blocks` passed to `route_index` (the block size they
-    were hashed with), to price unmatched blocks in load units (`unit_tokens`)."""
+    requests), and a cold key it has not routed before goes where the longest run of its
+    prompt's leading blocks went, if that run is more than `PREFIX_SHARE` of the blocks and
+    that destination is under the cold bound; counted as `prefix` (and `cold`). A new
+    conversation then starts where its system prompt, or its tenant's shared prompt, is warm
+    even when its key (a session) says nothing of it and the plan has no group for it. A cold
+    key it has routed before stays where it went last only while that destination got more
+    than `PREFIX_SHARE` of its prompt's blocks: past that its history there was pushed out,
+    staying saves nothing, and it is placed again by the cold path (group, ring, bound).
+    0: off. Needs `blocks` in `route_index`; planned keys are not affected. Measured in the
+    replay at one gateway (SLO capacity, req/s, full size): the first rule took recorded demo
+    traffic 274 -> 315, the long-context conversation trace with session keys 37.7 -> 40.3,
+    paper-like 339 -> 347; the second one then 315 -> 322 and 40.3 -> 41.3, paper-like 347 ->
+    339 (one load step, a tie with `preble`), the low-reuse workload unchanged (docs/EVALUATION.md).
+    Placing cold keys by cost instead (load plus the prefill of the blocks not sent there, as
+    Preble's explore step does) was measured and is not used: new keys by cost took the demo
+    traffic 315 -> 262 and made the low-reuse workload a `deploy` (1.12x Flat-LB)."""
 
     def __post_init__(self) -> None:
         if not self.destinations:
             raise DispatchError("a router needs at least one destination")
         if self.prefix_blocks < 0:
             raise DispatchError(f"prefix_blocks must be >= 0, got {self.prefix_blocks!r}")
-        if self.prefix_block_tokens < 1:
-            raise DispatchError(
-                f"prefix_block_tokens must be >= 1, got {self.prefix_block_tokens!r}"
-            )
         if self.spill_factor is not None and not (
             math.isfinite(self.spill_factor) and self.spill_factor >= 1.0
         ):
@@ -727,8 +718,8 @@ class Router:
         return self.names[self.route_index(key, session)]
 
     def _cold(self, key: str, ctx: str | None = None, blocks: Sequence[int] | None = None) -> int:
-        """The cold path: where the key's prompt costs least (`prefix_blocks`), the key's group,
-        else bounded-load consistent hashing (or P2C)."""
+        """The cold path: where the key's prompt went (`prefix_blocks`), the key's group, else
+        bounded-load consistent hashing (or P2C)."""
         live = self.live
         if not self.cold_affinity or not live:
             return self._p2c()
@@ -745,14 +736,15 @@ class Router:
             h = ring_hash(key)
             start = bisect.bisect_left(self._ring_points, h)
             if lengths is not None:
-                d = self._by_cost(lengths, n, h)
-                self.counts[10] += 1
-                self._cold_start[key] = (start, d, h)
-                return d
+                d = self._by_prefix(lengths, n, bound)
+                if d >= 0:
+                    self.counts[10] += 1
+                    self._cold_start[key] = (start, d, h)
+                    return d
         else:
             start, last, h = seen
-            # the key's context at `last` is gone (by what this gateway sent where): place it
-            # again where it costs least; past the bound, too, rather than walking the ring
+            # its context at `last` is gone (by what this gateway sent where; `prefix_blocks`):
+            # staying saves nothing, so it is placed again like any cold key
             stay = lengths is None or lengths[last] > PREFIX_SHARE * n
             # where this gateway sent the key last holds its freshest prefix: stay while it may
             if (
@@ -761,42 +753,22 @@ class Router:
                 and self.inflight[last] < bound + self._slack(ctx or key, last)
             ):
                 return last
-            if lengths is not None:
-                d = self._by_cost(lengths, n, h)
-                self.counts[10] += 1
-                self._cold_start[key] = (start, d, h)
-                return d
         d = self._cold_place(key, h, start, bound, fresh=seen is None)
         self._cold_start[key] = (start, d, h)
         return d
 
-    def _by_cost(self, lengths: Sequence[int], blocks: int, start: int) -> int:
-        """The live destination where a prompt of `blocks` blocks costs least: its load plus
-        the prefill of the blocks not among the `lengths[d]` leading blocks this gateway sent
-        there, in tokens (a load unit is `unit_tokens`; not rounded to units, so a short shared
-        prompt still counts). Needs a live destination.
-
-        Ties go to the less loaded (the same cost, a shorter queue to the first token), then to
-        the first from position `start` (the key's hash) modulo the live destinations: keys
-        nothing distinguishes spread as on the ring instead of all taking the first destination
-        (with few requests in flight, every new conversation would otherwise go there).
-
-        No load bound on top: the cheapest destination's load is at most any other's plus the
-        units its blocks save there, so it is past the cold bound plus that saving only if
-        every destination is past the bound, which is above the mean."""
+    def _by_prefix(self, lengths: Sequence[int], blocks: int, bound: int) -> int:
+        """The live destination this gateway sent the longest run of a prompt's `blocks`
+        blocks to (`lengths[d]`; ties: the less loaded), if the run is more than `PREFIX_SHARE`
+        of them and it is under `bound`; else -1."""
         inflight = self.inflight
-        per_block = self.prefix_block_tokens
-        unit = self.unit_tokens
-        live = self.live
-        n = len(live)
-        first = start % n
-        best = -1
-        cost = 0
-        for j in range(first, first + n):
-            d = live[j % n]
-            here = inflight[d] * unit + (blocks - lengths[d]) * per_block
-            if best < 0 or here < cost or (here == cost and inflight[d] < inflight[best]):
-                best, cost = d, here
+        best = most = -1
+        for d in self.live:
+            n = lengths[d]
+            if n > most or (n == most and inflight[d] < inflight[best]):
+                best, most = d, n
+        if most <= PREFIX_SHARE * blocks or inflight[best] >= bound:
+            return -1
         return best
 
     def remember(self, index: int, blocks: Sequence[int] | None) -> None:

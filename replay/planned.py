@@ -95,7 +95,6 @@ class _Planned(Policy):
                 if cfg.prefix_affinity and self.extensions
                 else 0
             ),
-            prefix_block_tokens=ctx.requests.block_tokens,
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys

@@ -848,9 +848,10 @@ blocks as session keys are: what a gateway also hashes from system prompt plus f
 and a planned key's replicas share its conversations by bounded-load rendezvous hashing instead
 of request by request (`--no-session-hints` turns it off). A sole gateway (G = 1), which sees all
 the traffic, also uses the rules that need that view: spill homes, context homes, cache awareness
-and **prefix affinity** (a cold key - new to the gateway, or whose last replica no longer got
-more than a quarter of its prompt's blocks, or past the bound - goes where its request costs
-least: load plus the prefill of the blocks the gateway did not send there; `--prefix-affinity`).
+and **prefix affinity** (a key new to the gateway's cold path goes where the gateway sent its
+prompt's leading blocks, if one replica got more than a quarter of them, and a cold key whose
+last replica no longer got more than a quarter of its blocks is placed again instead of staying;
+`--prefix-affinity`).
 Ties among a key's replicas are broken at random. W = 64 keys are planned per destination (`WARM_SLOTS` in `replay/policy.py` says how
 that default was chosen, on these runs); the rest take the cold path. Runs below turn extensions
 off one at a time. Absolute numbers depend on the service model; the

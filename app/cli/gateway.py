@@ -85,8 +85,7 @@ def _config_help() -> str:
     help="This is the cluster's only gateway: its in-flight counts are the backends' real loads, "
     "so a planned key may balance between its planned backend and where it last spilled, "
     "a conversation the new plan admits stays where its history is cached while that is cheaper, "
-    "and a cold conversation goes where its prompt's leading blocks make it cheapest (prefix "
-    "affinity).",
+    "and a new conversation starts where its prompt's leading blocks went (prefix affinity).",
 )
 @click.option(
     "--cache-tokens",

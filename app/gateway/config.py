@@ -81,9 +81,9 @@ class GatewayConfig:
     """True (`--sole-gateway`): this is the cluster's only gateway, so its in-flight counts are the
     backends' real loads and a planned key may balance between its planned backend and where it
     last spilled (`Router.spill_home`), a conversation the new plan admits stays where its
-    history is cached while that is the cheaper choice (`Router.context_home`), and a cold key
-    goes where its request costs least given where its prompt's leading blocks went
-    (`Router.prefix_blocks`; blocks of `hash_block_tokens`, else 512 tokens). Leave it off behind a load balancer of several."""
+    history is cached while that is the cheaper choice (`Router.context_home`), and a key new to
+    the cold path goes where its prompt's leading blocks went (`Router.prefix_blocks`; blocks of
+    `hash_block_tokens`, else 512 tokens). Leave it off behind a load balancer of several."""
     cache_tokens: int = 0
     """> 0 (`--cache-tokens`), with `sole_gateway`: each backend's KV cache capacity in tokens,
     so the dispatcher counts a conversation's context as cached only while it can still fit

@@ -47,7 +47,6 @@ class Gateway:
                 context_home=config.sole_gateway,
                 cache_tokens=(config.cache_tokens or None) if config.sole_gateway else None,
                 prefix_blocks=_prefix_blocks(config),
-                prefix_block_tokens=config.hash_block_tokens or PREFIX_BLOCK_TOKENS,
             ),
         )
         self.emitter: Emitter | None = None

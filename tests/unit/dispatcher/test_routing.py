@@ -490,90 +490,41 @@ def test_a_new_cold_key_goes_where_its_prompts_leading_blocks_went() -> None:
     r = _prefix_router()
     r.remember(2, [11, 12, 13, 14])  # a system prompt of four blocks went to d2
     key = _not_ring_first(NAMES, "d2")
-    # one block = one load unit (512 tokens each): cost at d2 = 0 + 3 unmatched, elsewhere 0 + 5
+    # 2 of 5 leading blocks match at d2 (> a quarter): it follows them, not its ring
     assert r.route_index(key, None, [11, 12, 99, 98, 97]) == 2
     assert r.counts[RouteKind.PREFIX] == 1
     assert r.counts[RouteKind.COLD] == 1  # a prefix route is a cold route too
     r.remember(2, [11, 12, 99, 98, 97])
-    # its next turn (the history plus a new block) finds all but one block at d2: it stays
+    # and then stays there like any cold key (its last destination, under the bound, still holds
+    # its blocks)
     assert r.route_index(key, None, [11, 12, 99, 98, 97, 96]) == 2
     assert r.counts[RouteKind.PREFIX] == 1
 
 
-def test_the_cheapest_destination_is_load_plus_unmatched_blocks() -> None:
-    r = _prefix_router()  # 512-token blocks, 512-token units: one unit per block
-    r.remember(2, [1, 2, 3, 4, 5, 6])  # d2 got all six blocks
-    r.remember(1, [1, 2])  # d1 the first two
-    r.acquire(2, 5)
-    r.acquire(1, 1)
-    key = _not_ring_first(NAMES, "d1")
-    # d0 = 0 + 6, d1 = 1 + 4, d2 = 5 + 0, d3 = 0 + 6: d1 and d2 tie at 5, the less loaded wins
-    assert r.route_index(key, None, [1, 2, 3, 4, 5, 6]) == 1
-    r.acquire(1, 1)  # d1 = 2 + 4 = 6 now: d2 is the cheapest
-    assert r.route_index("another-key", None, [1, 2, 3, 4, 5, 6]) == 2
-    assert r.counts[RouteKind.PREFIX] == 2
-    # 128-token blocks: the six blocks d2 holds save 768 tokens (1.5 units), less than its 5
-    # units in flight: d2 = 5 x 512 + 0 costs more than d0, d1 or d3 = 0 + 768
-    q = Router(NAMES, rng=random.Random(3), prefix_blocks=100, prefix_block_tokens=128)
-    q.remember(2, [1, 2, 3, 4, 5, 6])
-    q.acquire(2, 5)
-    assert q.route_index("fresh", None, [1, 2, 3, 4, 5, 6]) in (0, 1, 3)
-    with pytest.raises(DispatchError):
-        Router(NAMES, prefix_blocks=8, prefix_block_tokens=0)
+def test_a_short_or_overloaded_match_and_planned_keys_keep_their_rules() -> None:
+    r = _prefix_router()
+    r.remember(2, [11, 12, 13, 14])
+    key = _not_ring_first(NAMES, "d2")
+    ring = NAMES.index(_ring_order(key, NAMES)[0])
+    # 1 of 4 blocks is exactly a quarter, not more: the ring decides
+    assert r.route_index(key, None, [11, 90, 91, 92]) == ring
+    other = next(k for k in (f"x{i}" for i in range(1000)) if _ring_order(k, NAMES)[0] != "d2")
+    for _ in range(3):  # d2 at the cold bound: ceil(1.25 x 4 / 4) = 2 <= 3 in flight
+        r.acquire(2)
+    assert r.route_index(other, None, [11, 12, 13]) != 2
+    # a planned key follows its plan whatever its blocks say
+    assert r.route_index("solo", None, [11, 12, 13, 14]) == 1
+    assert r.counts[RouteKind.PREFIX] == 0
 
 
-def test_a_known_key_whose_context_is_gone_is_placed_again_by_cost() -> None:
-    r = _prefix_router(blocks=3)  # each destination remembers its last three blocks
+def test_only_the_last_prefix_blocks_per_destination_are_remembered() -> None:
+    r = _prefix_router(blocks=2)
+    r.remember(3, [1, 2])
+    r.remember(3, [7, 8])  # d3 remembers two blocks: 1 and 2 are gone
     key = _not_ring_first(NAMES, "d3")
-    r.remember(3, [1, 2, 3])
-    assert r.route_index(key, None, [1, 2, 3]) == 3
-    r.remember(3, [1, 2, 3])
-    # d3 still holds three of the four blocks: it stays
-    assert r.route_index(key, None, [1, 2, 3, 4]) == 3
-    assert r.counts[RouteKind.PREFIX] == 1
-    r.remember(3, [7, 8, 9])  # other prompts push the key's blocks out of d3
-    r.acquire(3, 1)
-    r.remember(1, [1])  # and d1 got its first block from another request
-    # nothing of it is left at d3: cost d3 = 1 + 4, d0 = d2 = 0 + 4, d1 = 0 + 3 -> d1
-    assert r.route_index(key, None, [1, 2, 3, 4]) == 1
-    assert r.counts[RouteKind.PREFIX] == 2
-    # and it stays there next time (d1 now holds more than a quarter of its blocks)
-    r.remember(1, [1, 2, 3, 4])
-    assert r.route_index(key, None, [1, 2, 3, 4, 5]) == 1
-    assert r.counts[RouteKind.PREFIX] == 2
-
-
-def test_equally_cheap_destinations_go_to_the_less_loaded_then_by_the_keys_hash() -> None:
-    r = _prefix_router()
-    # nothing remembered, nothing in flight: every destination costs the same for every key;
-    # 400 keys spread over all four by their hashes (not all on d0), each key the same way twice
-    got = Counter(r.route_index(f"new-{i}", None, [1, 2]) for i in range(400))
-    assert set(got) == {0, 1, 2, 3}
-    assert min(got.values()) > 50
-    fresh = _prefix_router()
-    assert [fresh.route_index(f"new-{i}", None, [1, 2]) for i in range(50)] == [
-        _prefix_router().route_index(f"new-{i}", None, [1, 2]) for i in range(50)
-    ]
-    # the same cost at d1 (1 in flight + 1 unmatched) and d2 (0 + 2): the less loaded, d2
-    t = _prefix_router()
-    t.remember(1, [1])
-    t.acquire(1, 1)
-    t.acquire(0, 5)
-    t.acquire(3, 5)
-    assert all(t.route_index(f"k{i}", None, [1, 2]) == 2 for i in range(20))
-
-
-def test_a_known_key_past_the_bound_goes_where_it_costs_least() -> None:
-    r = _prefix_router()
-    key = _not_ring_first(NAMES, "d1")
-    r.remember(1, [1, 2])
-    assert r.route_index(key, None, [1, 2]) == 1
-    r.remember(1, [1, 2])
-    # d1 far past the bound plus the key's slack (its context: 0 tokens known, no slack)
-    r.acquire(1, 20)
-    r.remember(3, [1])  # d3 holds its first block: d3 = 0 + 1 is the cheapest
-    assert r.route_index(key, None, [1, 2]) == 3
-    assert r.counts[RouteKind.PREFIX] == 2
+    assert r.route_index(key, None, [1, 2]) != 3
+    key2 = next(f"z{i}" for i in range(1000) if _ring_order(f"z{i}", NAMES)[0] != "d3")
+    assert r.route_index(key2, None, [7, 8]) == 3
 
 
 def test_a_down_destination_is_never_chosen_by_prefix() -> None:
@@ -595,13 +546,18 @@ def test_prefix_affinity_off_and_hostile_blocks() -> None:
         Router(NAMES, prefix_blocks=-1)
 
 
-def test_a_shared_prompt_shorter_than_a_load_unit_still_counts() -> None:
-    # 16-token blocks: a 26-block system prompt is 416 tokens, less than one 512-token unit, yet
-    # with nothing in flight the destination that holds it is the cheapest (0 against 416)
-    r = Router(NAMES, rng=random.Random(3), prefix_blocks=100, prefix_block_tokens=16)
-    system = list(range(26))
-    r.remember(3, system)
-    assert all(r.route_index(f"conv-{i}", None, [*system, 100 + i]) == 3 for i in range(20))
-    # one request in flight there (512 tokens) outweighs the 416 saved: elsewhere
-    r.acquire(3, 1)
-    assert r.route_index("conv-new", None, [*system, 99]) != 3
+def test_a_known_cold_key_whose_blocks_are_gone_is_placed_again() -> None:
+    r = _prefix_router(blocks=3)  # each destination remembers its last three blocks
+    key = _not_ring_first(NAMES, "d3")
+    ring = NAMES.index(_ring_order(key, NAMES)[0])
+    r.remember(3, [1, 2, 3])
+    assert r.route_index(key, None, [1, 2, 3]) == 3  # new: follows its blocks
+    r.remember(3, [1, 2, 3])
+    # d3 still got three of its four blocks (more than a quarter): it stays
+    assert r.route_index(key, None, [1, 2, 3, 4]) == 3
+    r.remember(3, [7, 8, 9])  # other prompts push its blocks out of d3's memory
+    # nothing of it left at d3: placed again by the cold path (its ring, nothing in flight)
+    assert r.route_index(key, None, [1, 2, 3, 4]) == ring
+    assert r.counts[RouteKind.PREFIX] == 1  # the re-placement is a plain cold route
+    # without blocks the old rule holds: it stays where it went last
+    assert r.route_index(key, None, None) == ring
