@@ -6,6 +6,9 @@ ones to the dead-letter topic, applies batches, and on each flush produces the c
 producer path handles quickly), writes the table changelog (the table's own Faust changelog topic,
 through the same producer, waiting for every acknowledgement), and only then acks the source
 messages — so Faust commits an offset only after the state that includes it is durable.
+Flushes run beside the agent (`run_flusher`, an app task), not in its loop: the agent reads on while
+a flush waits for the broker, partitions due together share one wait per step, and a partition with
+several flushes' worth of unacked messages makes the agent wait (`backlogged`).
 
 Acks are manual (`stream.noack()`): a message is acked at the flush after it was applied. After a
 crash Faust restores the table from its changelog and re-delivers the unacked messages;
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +76,11 @@ LOG_APPEND_TIME = 1
 
 _CLOCK_LOG_EVERY_S = 60.0
 """At most one clock-skew log line per gateway and kind this often (the DLQ has every record)."""
+
+_BACKLOG_FLUSHES = 4
+"""The agent reads on while a flush waits for the broker, until a partition holds this many
+flushes' worth of unacked messages (x `flush_max_messages`); then it waits for the flush. Unbounded,
+a stalled broker would let a worker read far ahead of what it can make durable."""
 
 
 def trusted_clock(
@@ -129,6 +138,9 @@ class StreamsRuntime:
     """(gateway, kind) -> (when last logged, events since): rate-limits clock-skew log lines."""
     changelog_failed: dict[int, set[bytes]] = field(default_factory=dict)
     """partition -> table keys whose changelog write failed: written again at the next flush."""
+    flush_requested: set[int] = field(default_factory=set)
+    """Partitions the flusher flushes next (`request_flush`)."""
+    flush_wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def source_topic(self) -> str:
@@ -397,55 +409,101 @@ class StreamsRuntime:
         stale = now - self.last_flush.get(partition, 0.0) >= self.options.flush_interval_s
         return stale and (pending > 0 or bool(state and state.has_changes))
 
+    # ------------------------------------------------------------------------------ flushes
+    def request_flush(self, partition: int) -> None:
+        """Have the flusher (`run_flusher`) flush `partition` soon, without waiting for it.
+
+        The agent goes on reading while a flush waits for the broker: the flush took the state's
+        writes and the messages to ack when it began, so what the agent applies meanwhile belongs
+        to the next flush. Partitions requested while a flush runs are flushed together next.
+        """
+        self.flush_requested.add(partition)
+        self.flush_wake.set()
+
+    def backlogged(self, partition: int) -> bool:
+        """Whether the agent should wait for a flush before reading on (bounded unacked work)."""
+        return len(self.pending.get(partition, ())) >= _BACKLOG_FLUSHES * max(
+            self.options.flush_max_messages, 1
+        )
+
+    async def run_flusher(self) -> None:
+        """Flush what was requested, all requested partitions at once, until cancelled."""
+        while True:
+            await self.flush_wake.wait()
+            self.flush_wake.clear()
+            partitions, self.flush_requested = self.flush_requested, set()
+            if partitions:
+                await self.flush_partitions(partitions)
+
     async def flush(self, partition: int) -> None:
         """Rates of closed windows -> Kafka; state -> changelog; then ack the applied messages."""
+        await self.flush_partitions((partition,))
+
+    async def flush_partitions(self, partitions: Iterable[int]) -> None:
+        """`flush` for several partitions with one wait for the broker per step, not one each.
+
+        Order, per partition and for all of them together: rates (and dead letters) produced and
+        acknowledged, then the table changelog written and acknowledged, then the source messages
+        acked. A failure holds back only the acks of the partitions it concerns.
+        """
         async with self.lock:
-            state = self.states.get(partition)
-            if state is None:
-                return
             began = time.perf_counter()
-            acks = self.pending.pop(partition, [])
-            out = state.flush()
-            self._produce_rates(out)
+            work: list[tuple[int, PartitionState, list[Any], FlushResult]] = []
+            for partition in sorted(set(partitions)):
+                state = self.states.get(partition)
+                if state is None:
+                    continue
+                acks = self.pending.pop(partition, [])
+                out = state.flush()
+                self._produce_rates(out)
+                work.append((partition, state, acks, out))
+            if not work:
+                return
             # rates and dead letters must be durable before the state that no longer holds them
             loop = asyncio.get_running_loop()
             remaining = await loop.run_in_executor(None, self.producer.flush, 60.0)
-            if self._revoked(partition, state):
-                return
+            work = [w for w in work if not self._revoked(w[0], w[1])]
             if remaining:
                 log.error(
-                    "partition %d: %d records to rates/dead-letter undelivered after 60 s; "
+                    "partitions %s: %d records to rates/dead-letter undelivered after 60 s; "
                     "not acking, the messages will be re-delivered",
-                    partition,
+                    [w[0] for w in work],
                     remaining,
                 )
-                self.pending.setdefault(partition, [])[:0] = acks
-                # the state has moved on: its entries reach the changelog with the next flush
-                self._apply_to_table(out.writes)
-                self.changelog_failed.setdefault(partition, set()).update(k for k, _ in out.writes)
+                for partition, _, acks, out in work:
+                    self.pending.setdefault(partition, [])[:0] = acks
+                    # the state has moved on: its entries reach the changelog with the next flush
+                    self._apply_to_table(out.writes)
+                    self.changelog_failed.setdefault(partition, set()).update(
+                        k for k, _ in out.writes
+                    )
                 return
-            if not await self._write_changelog(partition, out.writes):
-                self.pending.setdefault(partition, [])[:0] = acks
-                return
-            if self._revoked(partition, state):
-                return
-            if self.stream is not None:
-                for ev in acks:
-                    await self.stream.ack(ev)
-            self.last_flush[partition] = time.monotonic()
-            self.metrics.rates_emitted.inc(out.rate_count)
+            durable = await self._write_changelogs({w[0]: w[3].writes for w in work})
+            for partition, state, acks, out in work:
+                if partition not in durable:
+                    self.pending.setdefault(partition, [])[:0] = acks
+                    continue
+                if self._revoked(partition, state):
+                    continue
+                if self.stream is not None:
+                    for ev in acks:
+                        await self.stream.ack(ev)
+                self.last_flush[partition] = time.monotonic()
+                self.metrics.rates_emitted.inc(out.rate_count)
+                self.metrics.watermark_ms.labels(str(partition)).set(state.watermark)
+                self.metrics.open_windows.labels(str(partition)).set(len(state.open_windows))
+                for closed in out.closed:
+                    self.metrics.windows_closed.labels(str(partition)).inc()
+                    log.info(
+                        "partition %d: closed window %s (+%d ms): %d key rates emitted",
+                        partition,
+                        time.strftime(
+                            "%Y-%m-%d %H:%M:%S", time.gmtime(closed.window_start_ms / 1000)
+                        ),
+                        self.config.window_ms,
+                        len(closed),
+                    )
             self.metrics.flush_seconds.observe(time.perf_counter() - began)
-            self.metrics.watermark_ms.labels(str(partition)).set(state.watermark)
-            self.metrics.open_windows.labels(str(partition)).set(len(state.open_windows))
-            for closed in out.closed:
-                self.metrics.windows_closed.labels(str(partition)).inc()
-                log.info(
-                    "partition %d: closed window %s (+%d ms): %d key rates emitted",
-                    partition,
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(closed.window_start_ms / 1000)),
-                    self.config.window_ms,
-                    len(closed),
-                )
 
     def _produce_rates(self, out: FlushResult) -> None:
         """Queue every closed window's key rates to the rates topic (delivery awaited by flush)."""
@@ -481,9 +539,9 @@ class StreamsRuntime:
             else:
                 data[key] = value
 
-    async def _write_changelog(
-        self, partition: int, writes: list[tuple[bytes, bytes | None]]
-    ) -> bool:
+    async def _write_changelogs(
+        self, writes_by_partition: dict[int, list[tuple[bytes, bytes | None]]]
+    ) -> set[int]:
         """Write table entries to the changelog and wait until the broker has every one.
 
         Why not `Table.send_changelog`: Faust buffers those sends, and its commit path waits for
@@ -497,47 +555,53 @@ class StreamsRuntime:
 
         A write whose delivery failed is written again at the next flush with the entry's current
         value (or a delete), so the changelog catches up with the table whatever failed. Returns
-        whether every write of this flush (and every earlier failed one) is durable.
+        the partitions whose writes of this flush (and every earlier failed one) are all durable.
         """
         data = self.table.data
         topic = self.table.changelog_topic.get_topic_name()
-        retry = self.changelog_failed.pop(partition, set())
-        failed: set[bytes] = set()
+        failed: dict[int, set[bytes]] = {}
+        batches: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        for partition, writes in writes_by_partition.items():
+            retry = self.changelog_failed.pop(partition, set())
+            lost = failed.setdefault(partition, set())
 
-        def delivered(err: Any, msg: Any) -> None:
-            if err is not None:
-                failed.add(bytes(msg.key()))
+            def delivered(err: Any, msg: Any, lost: set[bytes] = lost) -> None:
+                if err is not None:
+                    lost.add(bytes(msg.key()))
 
-        self._apply_to_table(writes)
-        retry.difference_update(key for key, _ in writes)
-        batch = [(key, data.get(key)) for key in sorted(retry)] + writes
-        for key, value in batch:
-            self.producer.produce(
-                topic, key=key, value=value, partition=partition, on_delivery=delivered
-            )
-            self.producer.poll(0)
+            self._apply_to_table(writes)
+            retry.difference_update(key for key, _ in writes)
+            batch = [(key, data.get(key)) for key in sorted(retry)] + writes
+            batches[partition] = batch
+            for key, value in batch:
+                self.producer.produce(
+                    topic, key=key, value=value, partition=partition, on_delivery=delivered
+                )
+                self.producer.poll(0)
         loop = asyncio.get_running_loop()
         remaining = await loop.run_in_executor(None, self.producer.flush, 60.0)
-        if failed:
-            self.changelog_failed.setdefault(partition, set()).update(failed)
-            log.error(
-                "partition %d: %d changelog writes failed; not acking, they are written again "
-                "at the next flush",
-                partition,
-                len(failed),
-            )
-            return False
-        if remaining:
-            # their delivery reports come later, to no one: write them all again next time
-            self.changelog_failed.setdefault(partition, set()).update(k for k, _ in batch)
-            log.error(
-                "partition %d: %d changelog writes undelivered after 60 s; not acking, they are "
-                "written again at the next flush",
-                partition,
-                remaining,
-            )
-            return False
-        return True
+        durable: set[int] = set()
+        for partition, batch in batches.items():
+            if failed[partition]:
+                self.changelog_failed.setdefault(partition, set()).update(failed[partition])
+                log.error(
+                    "partition %d: %d changelog writes failed; not acking, they are written "
+                    "again at the next flush",
+                    partition,
+                    len(failed[partition]),
+                )
+            elif remaining:
+                # their delivery reports come later, to no one: write them all again next time
+                self.changelog_failed.setdefault(partition, set()).update(k for k, _ in batch)
+                log.error(
+                    "partition %d: changelog writes undelivered after 60 s (%d records of the "
+                    "worker in all); not acking, they are written again at the next flush",
+                    partition,
+                    remaining,
+                )
+            else:
+                durable.add(partition)
+        return durable
 
 
 def _event_at(batch: RequestBatch, index: int) -> Any:
@@ -659,14 +723,22 @@ def create_app(
             partition = event.message.partition
             # a window the watermark has closed is emitted now, not at the next timer tick
             if runtime.due(partition, time.monotonic()) or _closable(runtime.states.get(partition)):
-                await runtime.flush(partition)
+                if runtime.backlogged(partition):
+                    await runtime.flush(partition)  # the broker is behind: wait for it
+                else:
+                    runtime.request_flush(partition)
+                    await asyncio.sleep(0)  # let the flusher take its snapshot and send
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def flusher() -> None:
+        await runtime.run_flusher()
 
     @app.timer(interval=max(options.flush_interval_s / 2, 0.05))  # type: ignore[untyped-decorator]
     async def flush_idle() -> None:
         now = time.monotonic()
         for partition in list(runtime.states):
             if runtime.due(partition, now) or _closable(runtime.states.get(partition)):
-                await runtime.flush(partition)
+                runtime.request_flush(partition)
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

@@ -3,6 +3,7 @@ table, a producer that records what was sent, and the source stream that acks.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,12 @@ class Producer:
         self.undelivered: list[int] = []
         """What the next flushes return (records still queued), in order; then 0."""
         self._reports: list[tuple[Callable[[Any, Any], None], bytes | None]] = []
+        self.flushes = 0
+        """How many times `flush` waited for the broker."""
+        self.gate: threading.Event | None = None
+        """If set, `flush` waits for it (a broker that is slow to acknowledge)."""
+        self.waiting = threading.Event()
+        """Set while a `flush` waits at the gate."""
 
     def produce(
         self,
@@ -97,6 +104,11 @@ class Producer:
         return 0
 
     def flush(self, timeout: float) -> int:
+        self.flushes += 1
+        if self.gate is not None:
+            self.waiting.set()
+            self.gate.wait(10)
+            self.waiting.clear()
         reports, self._reports = self._reports, []
         for callback, key in reports:
             failed = key in self.fail
@@ -127,9 +139,9 @@ def make_runtime() -> tuple[StreamsRuntime, Producer]:
     return runtime, producer
 
 
-def event(runtime: StreamsRuntime, offset: int, batch: RequestBatch) -> Event:
-    """Partition 0's message at `offset` holding `batch`."""
-    message = Message(0, offset, runtime.source_topic, timestamp=T0 / 1000 + 5)
+def event(runtime: StreamsRuntime, offset: int, batch: RequestBatch, partition: int = 0) -> Event:
+    """The message of `partition` (0 unless told) at `offset` holding `batch`."""
+    message = Message(partition, offset, runtime.source_topic, timestamp=T0 / 1000 + 5)
     return Event(message, codec_for(RequestBatch).encode(batch))
 
 
