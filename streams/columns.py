@@ -139,13 +139,13 @@ class WindowColumns:
         self.n = row + 1
         return row
 
-    def add_keys(self, keys: list[str], bucket_of: Callable[[str], int]) -> None:
-        """Rows for keys new to this window, in order (one growth step for all of them)."""
+    def add_keys(self, keys: list[str], buckets: IntArray) -> None:
+        """Rows for keys new to this window, in order, with their buckets (one growth step)."""
         first = self.n
         self._grow(first + len(keys))
         self.index.update(zip(keys, range(first, first + len(keys)), strict=True))
         self.keys.extend(keys)
-        self.bucket[first : first + len(keys)] = [bucket_of(k) for k in keys]
+        self.bucket[first : first + len(keys)] = buckets
         self.n = first + len(keys)
 
     def rows_for(self, keys: Sequence[str], bucket_of: Callable[[str], int]) -> IntArray:
@@ -171,16 +171,15 @@ class WindowColumns:
             table.add([k.encode() for k in self.keys[table.n : self.n]])
         return table
 
-    def rows_for_scanned(
-        self, batch: ScannedBatch, sel: IntArray, bucket_of: Callable[[str], int]
-    ) -> IntArray:
+    def rows_for_scanned(self, batch: ScannedBatch, sel: IntArray, buckets: int) -> IntArray:
         """Rows of the scanned batch's keys `sel`, adding keys new to the window (in order of
-        appearance, as `rows_for`); only new keys are turned into text."""
+        appearance, as `rows_for`, each in bucket crc32(key) % `buckets`); only new keys are
+        turned into text."""
         table = self._synced_table()
         before = table.n
         rows = table.rows(batch.buf, batch.key_lo, batch.key_hi, batch.key_hash, sel, insert=True)
         if table.n > before:
-            self.add_keys(table.new_keys(before), bucket_of)
+            self.add_keys(table.new_keys(before), table.new_buckets(before, buckets))
         return rows
 
     def row(self, key: str, bucket_of: Callable[[str], int]) -> int:

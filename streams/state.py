@@ -186,13 +186,16 @@ class _TextKeys:
 class _ScannedKeys:
     """Keys as byte ranges of a scanned record (`ScannedBatch`)."""
 
-    def __init__(self, batch: ScannedBatch, bucket_of: Callable[[str], int]) -> None:
+    def __init__(self, batch: ScannedBatch, bucket_of: Callable[[str], int], buckets: int) -> None:
         self.batch = batch
         self.bucket_of = bucket_of
+        self.n_buckets = buckets
+        """`bucket_of(key)` is crc32(key) % this (`PartitionState._bucket`), which the window's
+        key table computes for its new keys from their bytes."""
 
     def rows(self, cols: WindowColumns, sel: IntArray | None) -> IntArray:
         every = np.arange(len(self.batch), dtype=np.int64) if sel is None else sel
-        return cols.rows_for_scanned(self.batch, every, self.bucket_of)
+        return cols.rows_for_scanned(self.batch, every, self.n_buckets)
 
     def buckets(self, sel: IntArray) -> list[int]:
         key, bucket_of = self.batch.key, self.bucket_of
@@ -358,7 +361,7 @@ class PartitionState:
         if bad.any() or any(mask.any() for mask, _ in reasons):
             return None
         result = ApplyResult(header_ahead_ms=header_ahead)
-        keys_of = _ScannedKeys(batch, self._bucket)
+        keys_of = _ScannedKeys(batch, self._bucket, self.config.buckets)
         self._apply_events(columns, bad, keys_of, offset=offset, result=result)
         if not header_ahead:
             self.watermark = max(self.watermark, created)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cacheroute.streams.keytable import KeyTable, hash_keys
 
@@ -72,3 +76,28 @@ def test_keys_added_by_text_hash_as_the_reader_does() -> None:
     keys = [b"", b"a", b"tenant-1/conv", "é".encode()]
     assert hash_keys(keys).tolist() == [hash_key(k) for k in keys]
     assert hash_keys([b"a"]).tolist() == [0xAF63DC4C8601EC8C]  # FNV-1a 64 of "a", published
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.text(max_size=12), min_size=1, max_size=40, unique=True),
+    st.integers(0, 39),
+    st.integers(1, 64),
+)
+def test_new_keys_and_their_buckets_are_zlibs_crc32_of_each_key(
+    texts: list[str], first: int, buckets: int
+) -> None:
+    """The compiled CRC-32 against zlib's, and the text of new rows, ASCII or not."""
+    table = KeyTable()
+    table.add([t.encode() for t in texts])
+    first = min(first, len(texts))
+    assert table.new_keys(first) == texts[first:]
+    expected = [zlib.crc32(t.encode()) % buckets for t in texts[first:]]
+    assert table.new_buckets(first, buckets).tolist() == expected
+
+
+def test_a_known_crc32() -> None:
+    """The check value of CRC-32 (IEEE 802.3): crc32(b"123456789") = 0xCBF43926."""
+    table = KeyTable()
+    table.add([b"123456789"])
+    assert table.new_buckets(0, 1 << 40).tolist() == [0xCBF43926]
