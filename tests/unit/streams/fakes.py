@@ -148,3 +148,15 @@ def event(runtime: StreamsRuntime, offset: int, batch: RequestBatch, partition: 
 def metric(runtime: StreamsRuntime, name: str) -> float:
     """A streams counter's value (0 if never incremented)."""
     return runtime.metrics.registry.get_sample_value(f"cacheroute_streams_{name}_total") or 0.0
+
+
+def gw0_batch(events: list[tuple[str, int]], created: int) -> RequestBatch:
+    """A batch of gateway `gw-0` sealed at `created`: (key, event time) each, prompts of 10."""
+    return RequestBatch(
+        gateway_id="gw-0",
+        seq=0,
+        created_ms=created,
+        keys=[k for k, _ in events],
+        event_time_ms=[t for _, t in events],
+        prompt_tokens=[10] * len(events),
+    )

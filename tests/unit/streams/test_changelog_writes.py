@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from cacheroute.schemas import RequestBatch
 from cacheroute.streams.state import PartitionState
 
 from .fakes import CFG, CHANGELOG, T0, event, make_runtime
+from .fakes import gw0_batch as _batch
 
 
 class Acks:
@@ -24,17 +24,6 @@ class Acks:
 
     async def ack(self, ev: object) -> None:
         self.offsets.append(ev.message.offset)  # type: ignore[attr-defined]
-
-
-def _batch(events: list[tuple[str, int]], created: int) -> RequestBatch:
-    return RequestBatch(
-        gateway_id="gw-0",
-        seq=0,
-        created_ms=created,
-        keys=[k for k, _ in events],
-        event_time_ms=[t for _, t in events],
-        prompt_tokens=[10] * len(events),
-    )
 
 
 def test_the_changelog_gets_the_table_entries_on_the_source_partition_before_any_ack() -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from cacheroute.schemas import RequestBatch
 from cacheroute.streams.app import StreamsOptions
 from cacheroute.streams.state import PartitionState
 
 from .fakes import CFG, CHANGELOG, T0, event, make_runtime
+from .fakes import gw0_batch as _batch
 
 
 class Acks:
@@ -27,17 +27,6 @@ class Acks:
     async def ack(self, ev: object) -> None:
         msg = ev.message  # type: ignore[attr-defined]
         self.acked.append((msg.partition, msg.offset))
-
-
-def _batch(events: list[tuple[str, int]], created: int) -> RequestBatch:
-    return RequestBatch(
-        gateway_id="gw-0",
-        seq=0,
-        created_ms=created,
-        keys=[k for k, _ in events],
-        event_time_ms=[t for _, t in events],
-        prompt_tokens=[10] * len(events),
-    )
 
 
 def test_partitions_flushed_together_wait_for_the_broker_once_per_step() -> None:
