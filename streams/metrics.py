@@ -91,7 +91,9 @@ class StreamMetrics:
                 p + "windows_closed", "Windows closed", ["partition"], registry=reg
             ),
             flush_seconds=Histogram(
-                p + "flush_seconds", "Time to flush one partition's state", registry=reg
+                p + "flush_seconds",
+                "Time of one flush (the partitions due together: rates, changelog, acks)",
+                registry=reg,
             ),
             watermark_ms=Gauge(
                 p + "watermark_ms", "Newest gateway time seen", ["partition"], registry=reg
