@@ -242,16 +242,21 @@ class Dispatcher:
         hashes (`openai_api.prefix_block_hashes`), for `prefix_blocks`. Never raises.
         """
         i = self.route_index(key, session, blocks)
+        router = self.router
         if blocks is not None:
-            self.router.remember(i, blocks)
+            router.remember(i, blocks)
         if prompt_tokens is not None:
             try:
-                units = self.router.work_units(key, i, int(prompt_tokens), session)
+                units = router.work_units(key, i, int(prompt_tokens), session)
             except (TypeError, ValueError):  # a hostile count: weigh it as one request
                 units = 1
-        self.acquire(i, units)
         if units == 1:
+            with router._lock:  # `Router.acquire(i, 1)` written out: the documented hot path
+                router.inflight[i] += 1
+                router.total_inflight += 1
+                router.total_requests += 1
             return self._held[i]  # immutable, shared: no allocation on the common path
+        self.acquire(i, units)
         return InFlight(self.router, i, units, self.router.names[i])
 
     def mark_down(self, name: str) -> None:

@@ -495,7 +495,7 @@ class Router:
         self.table = table
 
     # --------------------------------------------------------------------------- decisions
-    def route_index(  # noqa: PLR0911 - one return per rule
+    def route_index(  # noqa: PLR0911, PLR0912 - one return per rule; the hot path written out
         self, key: str, session: str | None = None, blocks: Sequence[int] | None = None
     ) -> int:
         """The destination index for `key` (see the module docstring for the rules).
@@ -543,7 +543,10 @@ class Router:
                     self.counts[2] += 1
                     return self._cold(key, ctx, blocks)
                 f = self.spill_factor
-                load -= self._slack(ctx, best)  # its cached context at `best` buys it slack
+                if self.context_slack:  # its cached context at `best` buys it slack (`_slack`)
+                    context = self._context.get(ctx)
+                    if context is not None and context[0] == best:
+                        load -= self._cached(context, best) // self.unit_tokens
                 if (
                     f is not None
                     and load * len(self.live) >= f * (self.total_inflight + 1)
@@ -723,7 +726,8 @@ class Router:
         live = self.live
         if not self.cold_affinity or not live:
             return self._p2c()
-        bound = self._cold_bound()
+        # `_cold_bound()` written out: every cold request needs it
+        bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
         seen = self._cold_start.get(key)
         lengths = None
         n = len(blocks) if blocks else 0
@@ -925,8 +929,11 @@ class Router:
 
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
-        with self._lock:
-            self._drop(index, units)
+        with self._lock:  # `_drop` written out: this runs once per request
+            held = self.inflight[index]
+            take = units if units <= held else held
+            self.inflight[index] = held - take
+            self.total_inflight -= take
             if self.total_requests > 0:
                 self.total_requests -= 1
 
