@@ -726,8 +726,7 @@ class Router:
         live = self.live
         if not self.cold_affinity or not live:
             return self._p2c()
-        # `_cold_bound()` written out: every cold request needs it
-        bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
+        bound = self._cold_bound()
         seen = self._cold_start.get(key)
         lengths = None
         n = len(blocks) if blocks else 0
