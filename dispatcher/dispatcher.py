@@ -107,6 +107,10 @@ class DispatcherConfig:
     """Set only when this is the cluster's one gateway: remember this many prompt blocks per
     destination, so a key new to the cold path goes where its prompt's leading blocks went
     (`Router.prefix_blocks`; pass `blocks` to `request`). 0: off."""
+    cold_cost: bool = False
+    """Set only when this is the cluster's one gateway, with `prefix_blocks`: a cold key that has
+    to be placed goes where its prompt's missing blocks plus the destination's recent cache
+    churn cost least (`Router.cold_cost`)."""
 
     def __post_init__(self) -> None:
         if self.switch_interval_s is not None and not (
@@ -185,6 +189,7 @@ class Dispatcher:
             context_home=self.config.context_home,
             cache_tokens=self.config.cache_tokens,
             prefix_blocks=self.config.prefix_blocks,
+            cold_cost=self.config.cold_cost,
         )
         self.clock = clock
         self.health_check = health_check

@@ -62,8 +62,9 @@ class PrefixIndex:
             mask ^= low
         return lengths
 
-    def insert(self, d: int, blocks: list[int], seq: int = 0) -> None:
-        """Record that `blocks` were sent to d (deepest first, so block 0 is the most recent).
+    def insert(self, d: int, blocks: list[int], seq: int = 0) -> int:
+        """Record that `blocks` were sent to d (deepest first, so block 0 is the most recent);
+        returns how many of them d did not hold (what its cache had to take in, by this index).
 
         `seq` orders inserts across gateways (the request's index) for the journal, if kept.
         """
@@ -72,7 +73,7 @@ class PrefixIndex:
             base = seq * _STAMP_STRIDE
             for k, b in enumerate(reversed(blocks)):
                 journal[b] = base + k
-        self._touch(d, blocks[::-1])
+        return self._touch(d, blocks[::-1])
 
     def size(self, d: int) -> int:
         """Blocks recorded for destination d."""
@@ -99,17 +100,20 @@ class PrefixIndex:
                 self._touch(d, sorted(union, key=union.__getitem__))
         self.start_journal()
 
-    def _touch(self, d: int, blocks: list[int]) -> None:
-        """Make `blocks` the most recent of d's, the last one most (oldest first), then trim."""
+    def _touch(self, d: int, blocks: list[int]) -> int:
+        """Make `blocks` the most recent of d's, the last one most (oldest first), then trim.
+        Returns how many of them were new to d."""
         bit = 1 << d
         lru = self.lru[d]
         holders = self.holders
+        added = 0
         for b in blocks:
             if b in lru:
                 lru.move_to_end(b)
             else:
                 lru[b] = None
                 holders[b] = holders.get(b, 0) | bit
+                added += 1
         while len(lru) > self.capacity:
             old, _ = lru.popitem(last=False)
             left = holders[old] & ~bit
@@ -117,3 +121,4 @@ class PrefixIndex:
                 holders[old] = left
             else:
                 del holders[old]
+        return added

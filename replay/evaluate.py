@@ -175,6 +175,9 @@ class EvalConfig:
     prefix_affinity: bool | None = None
     """cacheroute's gateways send a key new to their cold path where its prompt's leading blocks
     went (`PlanConfig.prefix_affinity`); None: when there is one gateway (as `spill_home`)."""
+    cold_cost: bool | None = None
+    """cacheroute's gateways place cold keys by missing blocks and cache churn
+    (`PlanConfig.cold_cost`); None: when there is one gateway. Only with prefix affinity."""
     session_hints: bool = False
     """cacheroute's gateways also know each request's conversation (`traces.session_hints`),
     for sources whose keys are coarser than conversations (block traces keyed by leading
@@ -226,6 +229,12 @@ class EvalConfig:
     def resolved_prefix_affinity(self) -> bool:
         """Whether cacheroute's gateways follow prompts' blocks: as set, else at one gateway."""
         return self._sole_gateway_rule(self.prefix_affinity)
+
+    @property
+    def resolved_cold_cost(self) -> bool:
+        """Whether cacheroute's gateways place cold keys by cost: as set, else at one gateway;
+        never without prefix affinity (it reads the prefix index)."""
+        return self._sole_gateway_rule(self.cold_cost) and self.resolved_prefix_affinity
 
     @property
     def resolved_cache_aware(self) -> bool:
@@ -419,6 +428,7 @@ class Evaluation:
                 "plan_cost": "reported" if cfg.reported_cost else "declared",
                 "cache_aware": cfg.resolved_cache_aware,
                 "prefix_affinity": cfg.resolved_prefix_affinity,
+                "cold_cost": cfg.resolved_cold_cost,
                 "session_hints": cfg.session_hints,
             },
             "knee_qps_per_replica": self.knee_qps,
@@ -522,6 +532,7 @@ class _Runner:
             context_home=self.cfg.resolved_context_home,
             cache_aware=self.cfg.resolved_cache_aware,
             prefix_affinity=self.cfg.resolved_prefix_affinity,
+            cold_cost=self.cfg.resolved_cold_cost,
             reported_cost=self.cfg.reported_cost,
         )
 

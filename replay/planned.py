@@ -95,6 +95,7 @@ class _Planned(Policy):
                 if cfg.prefix_affinity and self.extensions
                 else 0
             ),
+            cold_cost=cfg.cold_cost and cfg.prefix_affinity and self.extensions,
         )
         self.inflight = self.router.inflight
         self.keys = ctx.requests.keys

@@ -107,6 +107,10 @@ class PlanConfig:
     prefix_affinity: bool = False
     """cacheroute's gateways send a key new to their cold path where its prompt's leading blocks
     went (`Router.prefix_blocks`, an index of as many blocks as a replica's cache holds)."""
+    cold_cost: bool = False
+    """cacheroute's gateways place a cold key that has to be placed where its prompt's missing
+    blocks plus the destination's recent cache churn cost least (`Router.cold_cost`: for a gateway
+    that sees all the traffic; needs `prefix_affinity`)."""
     cache_aware: bool = False
     """cacheroute's gateways know each replica's KV capacity (`ServiceModel.cache_tokens`, as an
     operator configures it) and estimate what of a key's context is still cached, LRU-wise

@@ -433,6 +433,13 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "quarter of them; auto: on at one gateway only.",
 )
 @_sole_gateway_option(
+    "--cold-cost",
+    "cacheroute: a cold key that has to be placed (new with no prompt-prefix home, or its "
+    "context gone where it went last) goes where its prompt's missing blocks plus that "
+    "replica's recent cache churn cost least, instead of its hashed destinations (for a gateway "
+    "that sees all the traffic; with prefix affinity); auto: on at one gateway only.",
+)
+@_sole_gateway_option(
     "--context-home",
     "cacheroute: a key new in the live plan stays where its gateway sent its conversation "
     "last (its history is cached there) while that is the cheaper choice (for a gateway that "
@@ -733,6 +740,7 @@ def _make_run(
             reported_cost=opts.plan_cost == "reported",
             cache_aware=_auto_on_off(opts.cache_aware),
             prefix_affinity=_auto_on_off(opts.prefix_affinity),
+            cold_cost=_auto_on_off(opts.cold_cost),
             work_unit_tokens=opts.work_unit_tokens or None,
             cluster_sizes=_ints(opts.cluster_sizes),
             cluster_load_qps=opts.cluster_load,
@@ -918,6 +926,7 @@ class EvaluateOptions:
     keep_homes: bool
     spill_home: str
     prefix_affinity: str
+    cold_cost: str
     context_home: str
     cache_aware: str
     plan_cost: str
@@ -1166,6 +1175,27 @@ _SUITE = (
         trace=_DEMO_RECORDED,
         options=(
             ("prefix_affinity", "off", "--prefix-affinity off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Conversation trace with session keys, G = 1, cold keys placed by their hashes instead of "
+        "by missing blocks and cache churn (what cost placement buys at one gateway)",
+        "conv-trace_g1_no_cold_cost",
+        trace=_CONV_TRACE,
+        options=(
+            ("key_blocks", SESSION_KEYS, "--key-blocks session"),
+            ("cold_cost", "off", "--cold-cost off"),
+            ("policies", "flat-lb,cacheroute", ""),
+        ),
+    ),
+    _Case(
+        "Demo traffic recorded by real gateways, G = 1, without cost placement of cold keys "
+        "(what it buys on short conversations)",
+        "demo-recorded_g1_no_cold_cost",
+        trace=_DEMO_RECORDED,
+        options=(
+            ("cold_cost", "off", "--cold-cost off"),
             ("policies", "flat-lb,cacheroute", ""),
         ),
     ),

@@ -83,7 +83,9 @@ class GatewayConfig:
     last spilled (`Router.spill_home`), a conversation the new plan admits stays where its
     history is cached while that is the cheaper choice (`Router.context_home`), and a key new to
     the cold path goes where its prompt's leading blocks went (`Router.prefix_blocks`; blocks of
-    `hash_block_tokens`, else 512 tokens). Leave it off behind a load balancer of several."""
+    `hash_block_tokens`, else 512 tokens), and a cold key that has to be placed goes where its
+    prompt's missing blocks plus the backend's recent cache churn cost least (`Router.cold_cost`).
+    Leave it off behind a load balancer of several."""
     cache_tokens: int = 0
     """> 0 (`--cache-tokens`), with `sole_gateway`: each backend's KV cache capacity in tokens,
     so the dispatcher counts a conversation's context as cached only while it can still fit

@@ -47,6 +47,7 @@ class Gateway:
                 context_home=config.sole_gateway,
                 cache_tokens=(config.cache_tokens or None) if config.sole_gateway else None,
                 prefix_blocks=_prefix_blocks(config),
+                cold_cost=config.sole_gateway,
             ),
         )
         self.emitter: Emitter | None = None
