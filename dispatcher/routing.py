@@ -461,6 +461,8 @@ class Router:
     (what it would prefill) plus `CHURN_WEIGHT` x the blocks that destination took in recently
     (its cache churn, decayed with `CHURN_HALF_LIFE`; both from the prefix index). Counted as
     `cost` (and `cold`). Without it such a key goes to its group's or the ring's destinations.
+    With `spill_home` too, a key's first spill home is the least churned destination
+    (`_new_home`).
 
     Why: on long-context conversation traffic a replica's cache holds a handful of
     conversations, and whether a conversation's next turn still finds its history depends on
@@ -658,12 +660,27 @@ class Router:
         capacity 373 -> 382 req/s at full size (1.39 -> 1.28 at `--quick --seeds 3`); the long-
         context conversation trace at one gateway 42.5 -> 43.5 with default keys, 38.6 -> 37.7
         (one load step) with session keys (docs/EVALUATION.md).
+
+        With `cold_cost` the router counts each destination's recent cache churn, which is its
+        recent uncached prefill, and a sole gateway need not agree with anyone on candidates: the
+        home is then the destination under the cold bound that churned least. On `whale` at one
+        gateway, prefill max/mean at the reference load 1.19 -> 1.06 at full size (1.16 -> 1.11
+        at `--quick --seeds 3`, where SLO capacity is the same, 456 req/s; one load step lower
+        at full size, 382 -> 373); paper-like 1.24 -> 1.07 at the same capacity; the
+        conversation trace with default keys 43.5 -> 44.5 req/s. (The least churned of all
+        destinations, falling back to the cold path when it was past the bound, measured about
+        the same: whale 1.07, paper-like 1.10.)
         """
         h = ring_hash(key)
         start = bisect.bisect_left(self._ring_points, h)
-        first, second = self._two_candidates(key, h, start)
-        homes = self._home_keys
-        d = second if second >= 0 and homes[second] < homes[first] else first
+        if self.cold_cost and self.live:
+            bound = self._cold_bound()
+            under = [x for x in self.live if self.inflight[x] < bound]
+            d = min(under or self.live, key=self.churn)
+        else:
+            first, second = self._two_candidates(key, h, start)
+            homes = self._home_keys
+            d = second if second >= 0 and homes[second] < homes[first] else first
         if not self.live or not self.up[d] or self.inflight[d] >= self._cold_bound():
             return -1
         if len(self._cold_start) >= _COLD_CACHE_KEYS:

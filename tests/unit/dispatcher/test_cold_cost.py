@@ -50,7 +50,7 @@ def test_a_new_key_with_no_prefix_home_goes_where_churn_is_least() -> None:
     r.remember(1, list(range(200, 205)))
     r.remember(3, list(range(300, 303)))
     # nothing of its prompt is anywhere: every destination misses all 4 blocks, d2 churned least
-    assert r.route_index("new-conversation", None, [1, 2, 3, 4]) == 2
+    assert r.route_index("fresh-one", None, [1, 2, 3, 4]) == 2  # its ring says d3
     assert r.counts[RouteKind.COST] == 1
     assert r.counts[RouteKind.COLD] == 1
     assert r.counts[RouteKind.PREFIX] == 0
@@ -126,3 +126,27 @@ def test_the_evaluator_resolves_cold_cost_like_the_other_sole_gateway_rules(
         fleet=FleetConfig(gateways=gateways),
     )
     assert cfg.resolved_cold_cost is expected
+
+
+def test_with_cold_cost_a_first_spill_home_is_the_least_churned_destination() -> None:
+    r = Router(
+        NAMES,
+        rng=random.Random(1),
+        spill_min_inflight=4,
+        spill_home=True,
+        prefix_blocks=100,
+        cold_cost=True,
+    )
+    r.table = build_table(1, 0, [("solo", ["d1"])], NAMES, NAMES)
+    # churn: d0 6, d1 0 (its planned key hits its cache), d2 4, d3 2
+    r.remember(0, list(range(100, 106)))
+    r.remember(2, list(range(200, 204)))
+    r.remember(3, [300, 301])
+    for _ in range(4):  # 4 on d1 of 4 in flight: past both spill bounds (as in test_routing)
+        r.acquire(1)
+    # d1 churned least but is past the cold bound ceil(1.25 x 5 / 4) = 2: the next least, d3
+    # (without cold_cost: d2, the less used of its ring candidates d2 and d0)
+    assert r.route("solo") == "d3"
+    assert r.counts[RouteKind.SPILLED] == 1
+    assert r.route("solo") == "d3"  # d1 (4) against its home d3 (0): the home
+    assert r.counts[RouteKind.SPILL_HOME] == 1
