@@ -671,18 +671,22 @@ class Router:
         destinations, falling back to the cold path when it was past the bound, measured about
         the same: whale 1.07, paper-like 1.10.)
         """
+        if not self.live:
+            return -1
+        bound = self._cold_bound()
         h = ring_hash(key)
         start = bisect.bisect_left(self._ring_points, h)
-        if self.cold_cost and self.live:
-            bound = self._cold_bound()
+        if self.cold_cost:
             under = [x for x in self.live if self.inflight[x] < bound]
-            d = min(under or self.live, key=self.churn)
+            if not under:
+                return -1
+            d = min(under, key=self.churn)
         else:
             first, second = self._two_candidates(key, h, start)
             homes = self._home_keys
             d = second if second >= 0 and homes[second] < homes[first] else first
-        if not self.live or not self.up[d] or self.inflight[d] >= self._cold_bound():
-            return -1
+            if not self.up[d] or self.inflight[d] >= bound:
+                return -1
         if len(self._cold_start) >= _COLD_CACHE_KEYS:
             self._cold_start.clear()
         self._cold_start[key] = (start, d, h)  # later cold routes of the key start there
@@ -860,15 +864,12 @@ class Router:
     def _by_cost(self, lengths: Sequence[int], blocks: int, bound: int) -> int:
         """`cold_cost`: the live destination under `bound` with the least missing blocks (of the
         prompt's `blocks`, `lengths[d]` held there) + `CHURN_WEIGHT` x its churn; -1: none."""
-        inflight, churn, at = self.inflight, self._churn, self._churn_at
-        clock, half = self._churn_clock, self._churn_half
+        inflight = self.inflight
         best = -1
         least = 0.0
         for d in self.live:
             if inflight[d] < bound:
-                cost = (
-                    blocks - lengths[d] + CHURN_WEIGHT * churn[d] * 0.5 ** ((clock - at[d]) / half)
-                )
+                cost = blocks - lengths[d] + CHURN_WEIGHT * self.churn(d)
                 if best < 0 or cost < least:
                     best, least = d, cost
         return best
