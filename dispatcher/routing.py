@@ -488,6 +488,9 @@ class Router:
         self.inflight: list[int] = [0] * len(self.names)
         self.up: list[bool] = [True] * len(self.names)
         self.live: list[int] = list(range(len(self.names)))
+        self.n_live = len(self.live)
+        """len(`live`), kept beside it for the planned path's spill test (one call less per
+        decision; set right after `live`, and only that heuristic reads it)."""
         self.counts: list[int] = [0] * len(RouteKind.NAMES)
         self.total_inflight = 0
         self.total_requests = 0
@@ -611,7 +614,7 @@ class Router:
                         load -= self._cached(context, best) // self.unit_tokens
                 if (
                     f is not None
-                    and load * len(self.live) >= f * (self.total_inflight + 1)
+                    and load * self.n_live >= f * (self.total_inflight + 1)
                     # and at least spill_min_inflight requests' worth of units (see its doc)
                     and load * self.total_requests >= self.spill_min_inflight * self.total_inflight
                 ):
@@ -1025,10 +1028,14 @@ class Router:
         (for example its prompt length in blocks) passes that instead, and every rule above then
         balances work: a long prompt weighs what it costs the replica.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: 70 ns less per use on CPython 3.11 (the hot path)
+        try:
             self.inflight[index] += units
             self.total_inflight += units
             self.total_requests += 1
+        finally:
+            lock.release()
 
     def settle(self, index: int, units: int) -> None:
         """Part of a request's load at destination `index` is done (e.g. its prompt's prefill,
@@ -1038,13 +1045,17 @@ class Router:
 
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
-        with self._lock:  # `_drop` written out: this runs once per request
+        lock = self._lock
+        lock.acquire()  # `_drop` written out, and no `with`: this runs once per request
+        try:
             held = self.inflight[index]
             take = units if units <= held else held
             self.inflight[index] = held - take
             self.total_inflight -= take
             if self.total_requests > 0:
                 self.total_requests -= 1
+        finally:
+            lock.release()
 
     def _drop(self, index: int, units: int) -> None:
         """Take up to `units` off destination `index` (never below zero); caller holds the lock."""
@@ -1070,6 +1081,7 @@ class Router:
             if self.up[i] != up:
                 self.up[i] = up
                 self.live = [j for j, u in enumerate(self.up) if u]  # one reference swap
+                self.n_live = len(self.live)
                 log.warning("destination %s marked %s", name, "up" if up else "down")
         return True
 

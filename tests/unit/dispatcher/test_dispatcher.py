@@ -173,6 +173,7 @@ def test_request_holds_its_units_until_the_block_ends_even_on_error() -> None:
         failing()
     assert seen == [2]
     assert d.router.inflight == [0, 0]
+    assert d.router.total_requests == 0  # every exit, error or not, released its request
     # kept without `with`, as an async gateway does: released by hand
     held = d.request("k", units=5)
     assert d.router.total_inflight == 5
