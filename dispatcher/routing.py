@@ -257,8 +257,12 @@ def ring_hash(text: str) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int]]:
-    """(sorted points, owner index of each point) of the cold-path ring over `names`.
+def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int], list[int]]:
+    """(sorted points, owner index of each point, next other) of the cold-path ring over `names`.
+
+    `next other[j]`: the first point clockwise after j whose owner differs from point j's
+    (j itself when one destination owns the whole ring), so a key's first two distinct
+    destinations are two lookups instead of a walk (a cold key's first sight and spill homes).
 
     Depends only on the names, so routers over the same destinations share one (callers never
     mutate the lists).
@@ -266,7 +270,13 @@ def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int]]:
     ring = sorted(
         (ring_hash(f"{name}#{j}"), i) for i, name in enumerate(names) for j in range(RING_VNODES)
     )
-    return [p for p, _ in ring], [o for _, o in ring]
+    points, owners = [p for p, _ in ring], [o for _, o in ring]
+    n = len(owners)
+    far = [-1] * (2 * n)  # over the ring unrolled twice: the next point with another owner
+    for j in range(2 * n - 2, -1, -1):
+        far[j] = j + 1 if owners[(j + 1) % n] != owners[j % n] else far[j + 1]
+    nxt = [far[j] % n if far[j] >= 0 else j for j in range(n)]
+    return points, owners, nxt
 
 
 @dataclass(frozen=True)
@@ -496,7 +506,7 @@ class Router:
         self.total_requests = 0
         """Requests in flight (one per `acquire`, whatever its units)."""
         self._lock = threading.Lock()
-        self._ring_points, self._ring_owners = _ring(tuple(self.names))
+        self._ring_points, self._ring_owners, self._ring_next = _ring(tuple(self.names))
         self._cold_start: dict[str, tuple[int, int, int]] = {}
         self._salts: list[int] = [ring_hash(name) for name in self.names]
         self._context: dict[str, tuple[int, int, int]] = {}
@@ -810,7 +820,8 @@ class Router:
         live = self.live
         if not self.cold_affinity or not live:
             return self._p2c()
-        bound = self._cold_bound()
+        # `_cold_bound()` written out: this path runs for every cold or spilled request
+        bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
         seen = self._cold_start.get(key)
         lengths = None
         n = len(blocks) if blocks else 0
@@ -834,10 +845,14 @@ class Router:
             # staying saves nothing, so it is placed again like any cold key
             stay = lengths is None or lengths[last] > PREFIX_SHARE * n
             # where this gateway sent the key last holds its freshest prefix: stay while it may
+            # (slack is never negative: under the bound alone needs no `_slack` call)
             if (
                 stay
                 and self.up[last]
-                and self.inflight[last] < bound + self._slack(ctx or key, last)
+                and (
+                    (load := self.inflight[last]) < bound
+                    or load < bound + self._slack(ctx or key, last)
+                )
             ):
                 return last
         if self.cold_cost and lengths is not None:
@@ -968,13 +983,9 @@ class Router:
     def _ring_top2(self, start: int) -> tuple[int, int]:
         """The first two distinct destinations clockwise from ring point `start`."""
         owners = self._ring_owners
-        n = len(owners)
-        first = owners[start % n]
-        for j in range(start + 1, start + n):
-            d = owners[j % n]
-            if d != first:
-                return first, d
-        return first, -1
+        j = start % len(owners)
+        k = self._ring_next[j]
+        return owners[j], (owners[k] if k != j else -1)
 
     def _p2c(self) -> int:
         live = self.live

@@ -561,3 +561,19 @@ def test_a_known_cold_key_whose_blocks_are_gone_is_placed_again() -> None:
     assert r.counts[RouteKind.PREFIX] == 1  # the re-placement is a plain cold route
     # without blocks the old rule holds: it stays where it went last
     assert r.route_index(key, None, None) == ring
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 30])
+def test_ring_top_two_are_the_first_two_distinct_owners_clockwise(count: int) -> None:
+    """The O(1) lookup gives what walking the ring point by point gives, from every point
+    (including `start == len(points)`, where a hash past the last point wraps to the first)."""
+    router = Router([f"d{i}" for i in range(count)])
+    owners = router._ring_owners
+    n = len(owners)
+    assert n == count * RING_VNODES
+    for start in range(n + 1):
+        first = owners[start % n]
+        second = next(
+            (owners[j % n] for j in range(start + 1, start + n) if owners[j % n] != first), -1
+        )
+        assert router._ring_top2(start) == (first, second)
