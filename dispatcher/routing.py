@@ -506,6 +506,12 @@ class Router:
         self.total_requests = 0
         """Requests in flight (one per `acquire`, whatever its units)."""
         self._lock = threading.Lock()
+        self._peer_units: list[int] = [0] * len(self.names)
+        """Per destination, the load the other gateways last said they hold there
+        (`set_peer_loads`): counted in `inflight` and `total_inflight` on top of this
+        gateway's own."""
+        self._peer_requests = 0
+        """The other gateways' requests in flight, counted in `total_requests`."""
         self._ring_points, self._ring_owners, self._ring_next = _ring(tuple(self.names))
         self._cold_start: dict[str, tuple[int, int, int]] = {}
         self._salts: list[int] = [ring_hash(name) for name in self.names]
@@ -1067,6 +1073,41 @@ class Router:
                 self.total_requests -= 1
         finally:
             lock.release()
+
+    def set_peer_loads(self, units: Sequence[object], requests: object) -> None:
+        """Count what the other gateways hold in flight, on top of this gateway's own load.
+
+        `units[d]`: the sum of the other gateways' latest in-flight units at destination d (as
+        their `own_loads` reported them); `requests`: their requests in flight. Replaces the
+        previous peer figures. Every rule that reads loads (least-loaded member, spill, cold
+        bound) then sees the cluster's load instead of this gateway's share of it: with G
+        gateways behind a round-robin balancer each one sends 1/G of the traffic, so its own
+        counts hold 1/G of a replica's queue, and a burst that 15 other gateways are also
+        sending into looks idle. The routing path itself is unchanged: the peers' figures are
+        folded into the same counters here, off the request path. Negative or non-numeric
+        entries count as 0.
+        """
+        n = len(self.names)
+        if len(units) != n:
+            raise DispatchError(f"peer loads name {len(units)} destinations, this router has {n}")
+        new = [u if isinstance(u, int) and u > 0 else 0 for u in units]
+        req = requests if isinstance(requests, int) and requests > 0 else 0
+        with self._lock:
+            old = self._peer_units
+            inflight = self.inflight
+            for d in range(n):
+                inflight[d] += new[d] - old[d]
+            self.total_inflight += sum(new) - sum(old)
+            self.total_requests += req - self._peer_requests
+            self._peer_units = new
+            self._peer_requests = req
+
+    def own_loads(self) -> tuple[list[int], int]:
+        """(per destination, requests): this gateway's own in-flight load, without its peers'
+        (what it reports to them; never below 0)."""
+        with self._lock:
+            own = [max(0, a - b) for a, b in zip(self.inflight, self._peer_units, strict=True)]
+            return own, max(0, self.total_requests - self._peer_requests)
 
     def _drop(self, index: int, units: int) -> None:
         """Take up to `units` off destination `index` (never below zero); caller holds the lock."""

@@ -402,6 +402,8 @@ class Evaluation:
             "deal": cfg.fleet.deal,
             "plan_delay_s": cfg.fleet.plan_delay_s,
             "sync_s": cfg.fleet.sync_s,
+            "sync_load": cfg.fleet.sync_load,
+            "peer_loads_s": cfg.fleet.peer_loads_s,
             "plan": {
                 "q_cap": self.q_cap,
                 "q_cap_source": "given"

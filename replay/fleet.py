@@ -65,6 +65,10 @@ class FleetConfig:
     """Reactive policies' gateways merge their state every this many replay seconds (None: never)."""
     sync_load: bool = False
     """With `sync_s`: share load views too, not only prefix indexes (see the module docstring)."""
+    peer_loads_s: float | None = None
+    """Plan-based policies' gateways report their own in-flight load per destination every
+    this many replay seconds, and each counts the others' latest reports on top of its own
+    (`Router.set_peer_loads`); None: each knows only its own."""
 
     def __post_init__(self) -> None:
         if self.gateways < 1:
@@ -75,6 +79,10 @@ class FleetConfig:
             raise ReplayError("plan_delay_s must be finite and >= 0")
         if self.sync_s is not None and not (math.isfinite(self.sync_s) and self.sync_s > 0):
             raise ReplayError("sync_s must be None or finite and > 0")
+        if self.peer_loads_s is not None and not (
+            math.isfinite(self.peer_loads_s) and self.peer_loads_s > 0
+        ):
+            raise ReplayError("peer_loads_s must be None or finite and > 0")
 
 
 @runtime_checkable
@@ -144,6 +152,16 @@ class Fleet:
                     m.start_sync()
                 self.first_t = float(ctx.requests.times[0])
                 self.next_sync = self.first_t + config.sync_s
+        self.peers: list[_Planned] = []
+        self.report_t0 = 0.0
+        self.next_report = math.inf
+        self.reports = 0
+        if config.peer_loads_s is not None and config.gateways > 1 and ctx.requests.n:
+            planned = [m for m in self.members if isinstance(m, _Planned)]
+            if len(planned) == len(self.members):
+                self.peers = planned
+                self.report_t0 = float(ctx.requests.times[0])
+                self.next_report = self.report_t0 + config.peer_loads_s
 
     def route(self, i: int, t: float) -> int:
         """Destination of request i at time t, chosen by the gateway it was dealt to."""
@@ -151,6 +169,8 @@ class Fleet:
             self._activate(t)
         if t >= self.next_sync:
             self._sync(t)
+        if t >= self.next_report:
+            self._report_loads(t)
         d = self._route[self.gateway_of[i]](i, t)
         self.dest[i] = d
         return d
@@ -216,6 +236,26 @@ class Fleet:
         if self.next_sync <= t:  # rounding: never sync twice for one arrival
             self.next_sync = t + self.config.sync_s
 
+    def _report_loads(self, t: float) -> None:
+        """Every gateway reports its own in-flight load; each then counts the sum of the
+        others' reports on top of its own (what gateways publishing to a loads topic see, as of
+        the report). On a fixed grid, like `_sync`."""
+        own = [m.router.own_loads() for m in self.peers]
+        n = len(own[0][0])
+        units = [sum(o[0][d] for o in own) for d in range(n)]
+        requests = sum(o[1] for o in own)
+        for m, (mine, mine_requests) in zip(self.peers, own, strict=True):
+            m.router.set_peer_loads(
+                [units[d] - mine[d] for d in range(n)], requests - mine_requests
+            )
+        self.reports += 1
+        step = self.config.peer_loads_s
+        assert step is not None
+        k = math.floor((t - self.report_t0) / step) + 1
+        self.next_report = self.report_t0 + k * step
+        if self.next_report <= t:  # rounding: never report twice for one arrival
+            self.next_report = t + step
+
     def describe(self) -> dict[str, Any]:
         """The first gateway's counters, with per-gateway decision counts summed over the fleet."""
         each = [m.describe() for m in self.members]
@@ -234,4 +274,7 @@ class Fleet:
         if self.gossip:
             out["sync_s"] = self.config.sync_s
             out["syncs"] = self.syncs
+        if self.peers:
+            out["peer_loads_s"] = self.config.peer_loads_s
+            out["load_reports"] = self.reports
         return out

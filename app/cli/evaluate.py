@@ -371,6 +371,15 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     help="With --sync-s, peers also share load snapshots (measured to hurt the baselines).",
 )
 @click.option(
+    "--peer-loads-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="cacheroute: every S replay seconds each gateway reports its own in-flight load per "
+    "destination and counts the others' latest reports on top of its own (Router."
+    "set_peer_loads); default: each knows only its own. Give the baselines --sync-s S "
+    "--sync-load (or --sync-s S) for a fair comparison.",
+)
+@click.option(
     "--jobs",
     "-j",
     type=click.IntRange(min=1),
@@ -751,6 +760,7 @@ def _make_run(
                 plan_delay_s=opts.plan_delay_s,
                 sync_s=opts.sync_s,
                 sync_load=opts.sync_load,
+                peer_loads_s=opts.peer_loads_s,
             ),
         )
     except ReplayError as exc:
@@ -916,6 +926,7 @@ class EvaluateOptions:
     plan_delay_s: float
     sync_s: float | None
     sync_load: bool
+    peer_loads_s: float | None
     jobs: int
     seeds: int | None
     work_unit_tokens: int

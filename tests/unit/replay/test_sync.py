@@ -12,6 +12,7 @@ from cacheroute.replay.baselines import Chwbl, FlatLB
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.fleet import Fleet, FleetConfig
+from cacheroute.replay.planned import _Planned
 from cacheroute.replay.policy import PlanConfig, PolicyContext
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
@@ -180,3 +181,42 @@ def test_loads_are_shared_only_when_asked(workload_factory: WorkloadFactory) -> 
         fleet.route(0, 0.0)  # gateway 0 routes one request
         fleet.route(1, 5.0)  # a sync happens before gateway 1 routes
         assert (b.remote is not None) == share
+
+
+def test_peer_load_reports_reach_the_other_gateways_of_a_planned_fleet(
+    tiny_factory: TinyFactory,
+) -> None:
+    # request 0 -> gateway 0 (t=0), request 1 -> gateway 1 (t=0.5); the report every 1 s comes
+    # before request 2 (gateway 0, t=1.0)
+    q = tiny_factory([[11, 12, 13, 14], [21, 22], [31, 32, 33]], times=[0.0, 0.5, 1.0])
+    fleet = Fleet("cacheroute", ctx_for(q), FleetConfig(gateways=2, peer_loads_s=1.0))
+    a, b = fleet.members
+    assert isinstance(a, _Planned)
+    assert isinstance(b, _Planned)
+    d0 = fleet.route(0, 0.0)
+    d1 = fleet.route(1, 0.5)
+    u0, u1 = a.units[0], b.units[1]
+    assert a.router.total_inflight == u0  # before any report: each knows its own only
+    assert b.router.total_inflight == u1
+    d2 = fleet.route(2, 1.0)
+    assert fleet.reports == 1
+    u2 = a.units[2]
+    want_a = [0] * 4
+    want_a[d0] += u0
+    want_a[d1] += u1
+    want_a[d2] += u2
+    assert a.router.inflight == want_a  # its own two requests and gateway 1's
+    want_b = [0] * 4
+    want_b[d1] += u1
+    want_b[d0] += u0
+    assert b.router.inflight == want_b  # its own and gateway 0's as of the report
+    assert (a.router.total_requests, b.router.total_requests) == (3, 2)
+    fleet.release(1)  # gateway 1's request ends: its own count drops, gateway 0 learns later
+    assert b.router.own_loads()[1] == 0
+    assert a.router.total_requests == 3
+    assert fleet.describe()["load_reports"] == 1
+
+
+def test_peer_loads_need_a_positive_period() -> None:
+    with pytest.raises(ReplayError, match="peer_loads_s"):
+        FleetConfig(gateways=2, peer_loads_s=0.0)
