@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cacheroute.dispatcher.errors import DispatchError
+from cacheroute.dispatcher.peers import LoadReport, PeerLoads
 from cacheroute.dispatcher.routing import (
     DEFAULT_COLD_LOAD_FACTOR,
     DEFAULT_SPILL_FACTOR,
@@ -281,6 +282,17 @@ class Dispatcher:
         self.acquire(i, units)
         return InFlight(self.router, i, units, self.router.names[i])
 
+    def load_report(self, gateway_id: str) -> LoadReport:
+        """This gateway's own in-flight load (without its peers'), for the other gateways."""
+        own, requests = self.router.own_loads()
+        return LoadReport(gateway_id, dict(zip(self.router.names, own, strict=True)), requests)
+
+    def apply_peer_loads(self, peers: PeerLoads, now: float) -> None:
+        """Count the live peers' latest loads on top of this gateway's own (see
+        `cacheroute.dispatcher.peers`); `now` on the clock `peers` was updated with."""
+        units, requests = peers.totals(now)
+        self.router.set_peer_loads(units, requests)
+
     def mark_down(self, name: str) -> None:
         """Exclude a destination at once (unknown names are logged once and ignored)."""
         if not self.router.mark_down(name):
@@ -517,15 +529,25 @@ class _DispatcherCollector(Collector):
             routed.add_metric([name], router.counts[kind])
         yield routed
         inflight = GaugeMetricFamily(
-            "cacheroute_dispatcher_inflight", "Requests in flight", labels=["destination"]
+            "cacheroute_dispatcher_inflight",
+            "Load units this gateway has in flight",
+            labels=["destination"],
+        )
+        peer = GaugeMetricFamily(
+            "cacheroute_dispatcher_peer_inflight",
+            "Load units the peer gateways last reported in flight (counted on top)",
+            labels=["destination"],
         )
         up = GaugeMetricFamily(
             "cacheroute_dispatcher_up", "Destination routable", labels=["destination"]
         )
+        own, _ = router.own_loads()
         for i, name in enumerate(router.names):
-            inflight.add_metric([name], router.inflight[i])
+            inflight.add_metric([name], own[i])
+            peer.add_metric([name], router.inflight[i] - own[i])
             up.add_metric([name], 1.0 if router.up[i] else 0.0)
         yield inflight
+        yield peer
         yield up
         yield GaugeMetricFamily(
             "cacheroute_dispatcher_plan_version",

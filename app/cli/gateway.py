@@ -106,6 +106,23 @@ def _config_help() -> str:
     "a token; the trace readers use 512) in its event, so `cacheroute evaluate --topic` can "
     "replay the recorded traffic with its prefixes; 0: off [0].",
 )
+@click.option(
+    "--peer",
+    "peers",
+    multiple=True,
+    metavar="URL",
+    help="Base URL of another gateway behind the same balancer (repeatable). Every "
+    "--peer-loads-s this gateway reads each peer's own in-flight load per backend (GET "
+    "/peer/loads) and routes on the sum with its own: with G gateways each one's own counts "
+    "hold 1/G of a backend's queue. Measured in the replay at 16 gateways: +11-24% SLO capacity "
+    "on long-prompt traces, -3% on whale (README).",
+)
+@click.option(
+    "--peer-loads-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds between reads of the peers' loads; a peer silent for three is dropped [1].",
+)
 @click.pass_obj
 def gateway(
     settings: Settings,
@@ -123,6 +140,8 @@ def gateway(
     sole_gateway: bool,
     cache_tokens: int | None,
     hash_block_tokens: int | None,
+    peers: tuple[str, ...],
+    peer_loads_s: float | None,
 ) -> None:
     """Run an OpenAI-compatible gateway in front of the serving replicas.
 
@@ -133,7 +152,8 @@ def gateway(
     usage. Also serves GET /v1/models (merged), /health, /ready and Prometheus /metrics. A backend
     that refuses a connection or answers 5xx is marked down (the request is retried once on
     another) until its health check passes again. The response header x-cacheroute-backend
-    names the backend that answered. Stop with Ctrl-C or SIGTERM.
+    names the backend that answered. GET /peer/loads answers its own in-flight load per backend;
+    with --peer it reads its peers' and routes on the sum. Stop with Ctrl-C or SIGTERM.
     """
     from cacheroute.gateway.server import Gateway  # noqa: PLC0415 - aiohttp only when serving
     from cacheroute.serve import serve  # noqa: PLC0415
@@ -154,6 +174,8 @@ def gateway(
         sole_gateway=True if sole_gateway else None,
         cache_tokens=cache_tokens,
         hash_block_tokens=hash_block_tokens,
+        peers=peers or None,
+        peer_loads_s=peer_loads_s,
     )
     if config.kafka:
         # A refused login is one line now; without this the plan follower retries it until its

@@ -93,6 +93,12 @@ class GatewayConfig:
     hash_block_tokens: int = 0
     """> 0 (`--hash-blocks TOKENS`): each event carries the prompt's chained block hashes
     (`openai_api.prefix_block_hashes`), so `evaluate --topic` can replay the recorded prefixes."""
+    peers: tuple[str, ...] = ()
+    """Base URLs of the other gateways behind the same balancer (`--peer URL`): every
+    `peer_loads_s` this gateway reads each one's own in-flight load (`GET /peer/loads`) and
+    counts their sum on top of its own (`cacheroute.dispatcher.peers`). Empty: its own only."""
+    peer_loads_s: float = 1.0
+    """Seconds between two reads of the peers' loads; a peer silent for 3 of them is dropped."""
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -108,12 +114,19 @@ class GatewayConfig:
             raise ConfigError(f"backend names must be distinct, got {names}")
         if self.cache_tokens < 0:
             raise ConfigError("cache_tokens must be >= 0 (0: contexts count as cached)")
+        object.__setattr__(self, "peers", tuple(_peer_url(u) for u in self.peers))
         if self.hash_block_tokens < 0:
             raise ConfigError("hash_block_tokens must be >= 0 (0: no block hashes in events)")
         for key in ("max_body_bytes", "max_connections", "port"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1")
-        for key in ("health_interval_s", "health_timeout_s", "connect_timeout_s", "read_timeout_s"):
+        for key in (
+            "health_interval_s",
+            "health_timeout_s",
+            "connect_timeout_s",
+            "read_timeout_s",
+            "peer_loads_s",
+        ):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key} must be > 0")
 
@@ -132,6 +145,8 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "sole_gateway": bool,
     "hash_block_tokens": int,
     "cache_tokens": int,
+    "peers": (tuple, list),
+    "peer_loads_s": (int, float),
 }
 
 CONFIG_KEYS: dict[str, str] = {
@@ -149,6 +164,8 @@ CONFIG_KEYS: dict[str, str] = {
     "sole_gateway": "true: the cluster's only gateway (planned keys may use a spill home) [false]",
     "hash_block_tokens": "> 0: prefix block hashes of this many tokens in each event [0]",
     "cache_tokens": "> 0, with sole_gateway: each backend's KV cache capacity in tokens [0]",
+    "peers": "base URLs of the other gateways, whose loads this one counts [none]",
+    "peer_loads_s": "seconds between reads of the peers' loads [1]",
     "[[backends]]": "name, url, and optional api_key, api_key_env, health_path, verify_tls, "
     "ca_file",
 }
@@ -165,6 +182,18 @@ def _url(name: str, url: str) -> str:
     if path.endswith("/v1"):
         path = path[:-3]
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _peer_url(url: object) -> str:
+    """A peer gateway's base URL, checked (http(s)://host[:port])."""
+    text = url.strip() if isinstance(url, str) else ""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"peer {url!r} is not an http(s)://host[:port] URL of another gateway, e.g. "
+            "http://10.0.0.7:8080"
+        )
+    return text.rstrip("/")
 
 
 def parse_backend(text: str) -> Backend:

@@ -22,6 +22,7 @@ from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.gateway.config import GatewayConfig
 from cacheroute.gateway.health import BackendHealth
 from cacheroute.gateway.metrics import GatewayMetrics
+from cacheroute.gateway.peers import PEER_LOADS_PATH, PeerLoadsSync
 from cacheroute.gateway.proxy import PREFIX_BLOCK_TOKENS, PREFIX_INDEX_BLOCKS, Proxy
 from cacheroute.gateway.status import Status
 from cacheroute.openai_api import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
@@ -75,6 +76,13 @@ class Gateway:
             registries.append(follower_registry)
         if self.emitter is not None:
             registries.append(self.emitter.registry)
+        self.peer_sync = PeerLoadsSync(
+            self.dispatcher,
+            config.gateway_id,
+            config.peers,
+            config.peer_loads_s,
+            self.metrics.registry,
+        )
         self.status = Status(config, self.dispatcher, self.proxy, registries)
 
     def app(self) -> web.Application:
@@ -88,11 +96,13 @@ class Gateway:
         app.router.add_get("/health", self.status.health)
         app.router.add_get("/ready", self.status.ready)
         app.router.add_get("/metrics", self.status.metrics)
+        app.router.add_get(PEER_LOADS_PATH, self.peer_sync.serve)
         app.cleanup_ctx.append(self._session)
         return app
 
     async def _session(self, app: web.Application) -> AsyncIterator[None]:
-        """Open the pooled client session and the health checks; close them at shutdown."""
+        """Open the pooled client session, the health checks and the peer reads; close them at
+        shutdown."""
         del app
         cfg = self.config
         session = aiohttp.ClientSession(
@@ -104,13 +114,16 @@ class Gateway:
             ),
         )
         self.proxy.session = session
-        checks = asyncio.create_task(self.health.run(session), name="cacheroute-health")
+        tasks = [asyncio.create_task(self.health.run(session), name="cacheroute-health")]
+        if cfg.peers:
+            tasks.append(asyncio.create_task(self.peer_sync.run(session), name="cacheroute-peers"))
         try:
             yield
         finally:
-            checks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checks
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await session.close()
 
     @web.middleware

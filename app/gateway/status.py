@@ -66,8 +66,14 @@ class Status:
         """What /ready reports."""
         router = self.dispatcher.router
         age = self.dispatcher.plan_age_s()
+        own, _ = router.own_loads()
         backends = {
-            name: {"up": router.up[i], "inflight": router.inflight[i], "url": b.url}
+            name: {
+                "up": router.up[i],
+                "inflight": own[i],
+                "peer_inflight": router.inflight[i] - own[i],
+                "url": b.url,
+            }
             for i, (name, b) in enumerate(zip(router.names, self.config.backends, strict=True))
         }
         return {

@@ -115,9 +115,11 @@ def gateway(
     backends: Mapping[str, int],
     *args: str,
     settings: Settings | None = None,
+    port: int | None = None,
 ) -> Iterator[Service]:
-    """One `cacheroute gateway` in front of `backends` (name -> port); --no-kafka without settings."""
-    port = free_port()
+    """One `cacheroute gateway` in front of `backends` (name -> port); --no-kafka without settings.
+    `port`: listen there (known before it starts, e.g. to name it as another's peer)."""
+    port = port or free_port()
     argv = ["gateway", "--port", str(port), "--gateway-id", name]
     for backend, backend_port in backends.items():
         argv += ["--backend", f"{backend}=http://127.0.0.1:{backend_port}"]

@@ -150,3 +150,17 @@ def test_cache_tokens_reach_the_router_of_a_sole_gateway_only() -> None:
             assert gw.dispatcher.router.cache_tokens == expected
         finally:
             gw.close()
+
+
+def test_peers_come_from_flags_or_the_file_and_must_be_urls() -> None:
+    file = {"backends": [{"name": "d0", "url": "http://127.0.0.1:8001"}]}
+    config = build_config({**file, "peers": ["http://10.0.0.7:8080/"], "peer_loads_s": 0.5})
+    assert config.peers == ("http://10.0.0.7:8080",)
+    assert config.peer_loads_s == 0.5
+    flags = build_config(file, peers=("https://gw-2:8443",))
+    assert flags.peers == ("https://gw-2:8443",)
+    assert build_config(file).peers == ()
+    with pytest.raises(ConfigError, match="not an http"):
+        build_config(file, peers=("10.0.0.7:8080",))
+    with pytest.raises(ConfigError, match="peer_loads_s"):
+        build_config(file, peer_loads_s=0.0)
