@@ -93,10 +93,14 @@ def start_cluster(
     backends: list[str] = []
     for name, port in cluster.engines.items():
         backends += ["--backend", f"{name}=http://127.0.0.1:{port}"]
-    for g in range(gateways):
-        gw, port = f"gw-{g}", free_port()
+    ports = [free_port() for _ in range(gateways)]
+    for g, port in enumerate(ports):
+        gw = f"gw-{g}"
         argv = ["-m", "cacheroute", "--bootstrap", bootstrap, "--topic-prefix", prefix]
         argv += ["gateway", "--port", str(port), "--gateway-id", gw, *backends]
+        # each gateway counts the others' in-flight loads on top of its own (`--peer`)
+        for other in ports[:g] + ports[g + 1 :]:
+            argv += ["--peer", f"http://127.0.0.1:{other}"]
         # block hashes in every event: `cacheroute evaluate --topic requests` can replay a run
         # kept with --keep-topics, prefixes included
         argv += ["--health-interval", "1", "--hash-blocks", str(DEMO_HASH_BLOCK_TOKENS)]

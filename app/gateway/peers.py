@@ -35,6 +35,9 @@ _EXPIRY_PERIODS = 3.0
 
 _MAX_REPORT_BYTES = 1 << 20
 
+_START_GRACE_S = 10.0
+"""Peers unreachable in this long after start are counted but not logged (starting together)."""
+
 
 class PeerLoadsSync:
     """Serves this gateway's load report and keeps its dispatcher on its peers' latest ones."""
@@ -64,6 +67,8 @@ class PeerLoadsSync:
             registry=registry,
         )
         self._warned: set[str] = set()
+        self._quiet_until = 0.0
+        """No warning before this (monotonic): peers started together come up one by one."""
 
     async def serve(self, request: web.Request) -> web.Response:
         """GET /peer/loads: this gateway's own in-flight load."""
@@ -73,6 +78,7 @@ class PeerLoadsSync:
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Read every peer each period, forever (cancel to stop)."""
+        self._quiet_until = time.monotonic() + _START_GRACE_S
         while True:
             started = time.monotonic()
             await self.read_once(session)
@@ -118,7 +124,8 @@ class PeerLoadsSync:
         return report
 
     def _warn(self, url: str, message: str) -> None:
-        """Log a peer's failure once until it recovers (a dead peer must not flood the log)."""
-        if url not in self._warned:
+        """Log a peer's failure once until it recovers (a dead peer must not flood the log);
+        not in the first `_START_GRACE_S` (the failure is counted all the same)."""
+        if url not in self._warned and time.monotonic() >= self._quiet_until:
             self._warned.add(url)
             log.warning("%s; check that it runs and that --peer names its base URL", message)
