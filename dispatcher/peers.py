@@ -109,15 +109,18 @@ class PeerLoads:
 
     def live(self, now: float) -> list[str]:
         """The peers heard from within `expiry_s` of `now` (the others are forgotten)."""
+        self._expire(now)
+        return sorted(self._latest)
+
+    def _expire(self, now: float) -> None:
         cutoff = now - self.expiry_s
         for gateway in [g for g, (t, _) in self._latest.items() if t < cutoff]:
             del self._latest[gateway]
-        return sorted(self._latest)
 
     def totals(self, now: float) -> tuple[list[int], int]:
         """(units per local destination, requests) summed over the live peers. Destinations a
         peer names that this gateway does not have are not counted (another fleet's view)."""
-        self.live(now)
+        self._expire(now)
         units = [0] * len(self.index)
         requests = 0
         for _, report in self._latest.values():

@@ -142,7 +142,8 @@ class Fleet:
         self.next_activation = math.inf
         self.gossip: list[Gossiping] = []
         self.syncs = 0
-        self.first_t = 0.0
+        self.first_t = float(ctx.requests.times[0]) if ctx.requests.n else 0.0
+        """The first arrival: syncs and load reports fall on grids from it."""
         self.next_sync = math.inf
         if config.sync_s is not None and config.gateways > 1 and ctx.requests.n:
             gossip: list[Gossiping] = [m for m in self.members if isinstance(m, Gossiping)]
@@ -150,18 +151,15 @@ class Fleet:
                 self.gossip = gossip
                 for m in gossip:
                     m.start_sync()
-                self.first_t = float(ctx.requests.times[0])
                 self.next_sync = self.first_t + config.sync_s
         self.peers: list[_Planned] = []
-        self.report_t0 = 0.0
         self.next_report = math.inf
         self.reports = 0
         if config.peer_loads_s is not None and config.gateways > 1 and ctx.requests.n:
             planned = [m for m in self.members if isinstance(m, _Planned)]
             if len(planned) == len(self.members):
                 self.peers = planned
-                self.report_t0 = float(ctx.requests.times[0])
-                self.next_report = self.report_t0 + config.peer_loads_s
+                self.next_report = self.first_t + config.peer_loads_s
 
     def route(self, i: int, t: float) -> int:
         """Destination of request i at time t, chosen by the gateway it was dealt to."""
@@ -231,15 +229,12 @@ class Fleet:
             m.merge_state(states[:g] + states[g + 1 :], loads=self.config.sync_load)
         self.syncs += 1
         assert self.config.sync_s is not None
-        k = math.floor((t - self.first_t) / self.config.sync_s) + 1
-        self.next_sync = self.first_t + k * self.config.sync_s
-        if self.next_sync <= t:  # rounding: never sync twice for one arrival
-            self.next_sync = t + self.config.sync_s
+        self.next_sync = _next_on_grid(self.first_t, self.config.sync_s, t)
 
     def _report_loads(self, t: float) -> None:
         """Every gateway reports its own in-flight load; each then counts the sum of the
-        others' reports on top of its own (what gateways publishing to a loads topic see, as of
-        the report). On a fixed grid, like `_sync`."""
+        others' reports on top of its own (what gateways reading each other's `GET /peer/loads`
+        see, as of the report). On a fixed grid, like `_sync`."""
         own = [m.router.own_loads() for m in self.peers]
         n = len(own[0][0])
         units = [sum(o[0][d] for o in own) for d in range(n)]
@@ -249,12 +244,8 @@ class Fleet:
                 [units[d] - mine[d] for d in range(n)], requests - mine_requests
             )
         self.reports += 1
-        step = self.config.peer_loads_s
-        assert step is not None
-        k = math.floor((t - self.report_t0) / step) + 1
-        self.next_report = self.report_t0 + k * step
-        if self.next_report <= t:  # rounding: never report twice for one arrival
-            self.next_report = t + step
+        assert self.config.peer_loads_s is not None
+        self.next_report = _next_on_grid(self.first_t, self.config.peer_loads_s, t)
 
     def describe(self) -> dict[str, Any]:
         """The first gateway's counters, with per-gateway decision counts summed over the fleet."""
@@ -278,3 +269,12 @@ class Fleet:
             out["peer_loads_s"] = self.config.peer_loads_s
             out["load_reports"] = self.reports
         return out
+
+
+def _next_on_grid(t0: float, step: float, t: float) -> float:
+    """The first point of the grid t0 + k * step after t (one arrival after several grid
+    points acts once, as nothing new happened in between; never t itself, whatever the
+    rounding)."""
+    k = math.floor((t - t0) / step) + 1
+    after = t0 + k * step
+    return after if after > t else t + step
