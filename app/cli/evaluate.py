@@ -843,8 +843,12 @@ its own requests. With `--gateways G` every policy runs G instances, one per gat
 only its own state (in-flight counts, prefix trees, CHWBL loads) and told only of the completions
 of its own requests; requests are dealt round-robin. Plan-based policies share one planner, which
 sees every gateway's requests (as the streams agent does), and each gateway installs a new plan
-0.5 s (of replay time) after it is built. Baselines keep their published settings and get no
-shared state (the reactive routers' gossip is not modelled).
+0.5 s (of replay time) after it is built. Baselines keep their published settings and, in the
+main runs, get no shared state; neither does CacheRoute beyond the plan. The last runs give every
+router shared state four times a second at G = 16: CacheRoute's gateways read each other's
+in-flight loads (`--peer-loads-s 0.25`, what `cacheroute gateway --peer` does), the reactive
+baselines gossip their prefix trees (`--sync-s 0.25`), once without and once with their load
+views (`--sync-load`).
 
 The ablation, step by step: `affinity` pins each key to one hashed destination;
 `affinity+replication` gives it the paper's k_b = ceil(rate / q_cap) hashed destinations;
@@ -1273,6 +1277,52 @@ _SUITE = (
         ),
     ),
 )
+
+
+_SHARED_STATE_SOURCES = (
+    "whale",
+    "conversation",
+    "mooncake",
+    "conv-trace-kb2",
+    "chat-shape",
+    "chat-sampled",
+)
+
+
+def _shared_state_cases() -> tuple[_Case, ...]:
+    """G = 16 with every router sharing state four times a second: CacheRoute's gateways read
+    each other's loads (`--peer-loads-s`, what `cacheroute gateway --peer` does), the reactive
+    baselines gossip their prefix trees (`--sync-s`), once without and once with their loads
+    (`--sync-load`: load snapshots help some baselines and herd others, so both are run and a
+    reader takes each baseline's better one)."""
+    cases = []
+    for title, prefix, workload, trace in _FLEET_SOURCES:
+        if prefix not in _SHARED_STATE_SOURCES:
+            continue
+        for loads in (False, True):
+            shared = "prefix trees and loads" if loads else "prefix trees"
+            options: tuple[tuple[str, Any, str], ...] = (
+                ("gateways", 16, "--gateways 16"),
+                ("peer_loads_s", 0.25, "--peer-loads-s 0.25"),
+                ("sync_s", 0.25, "--sync-s 0.25"),
+            )
+            if loads:
+                options += (("sync_load", True, "--sync-load"),)
+            options += (("policies", _FLEET_POLICIES, ""),)
+            cases.append(
+                _Case(
+                    f"{title.split(' (')[0]}, G = 16, every 0.25 s: CacheRoute's gateways read "
+                    f"each other's loads, baselines gossip their {shared}",
+                    f"{prefix}_g16_shared{'_loads' if loads else ''}",
+                    workload=workload,
+                    trace=trace,
+                    options=options,
+                )
+            )
+    return tuple(cases)
+
+
+_SUITE = (*_SUITE, *_shared_state_cases())
 
 
 def _evidence(opts: EvaluateOptions, console: Console) -> None:
