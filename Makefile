@@ -14,11 +14,12 @@ STAMP  := $(VENV)/.installed
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py dispatcher/routing.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "CacheRoute needs Python >= 3.11 (set PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# strict editable mode: a static link tree that mypy can follow (re-run after adding a module)
+	# strict editable mode: a static link tree that mypy can follow (re-run after adding a module);
+	# setup.py compiles dispatcher/routing.py with mypyc, so editing it reinstalls (a stale build warns)
 	$(BIN)/pip install -q -e '.[all,dev]' --config-settings editable_mode=strict
 	@touch $(STAMP)
 

@@ -24,6 +24,8 @@ Figures:
   of the process spins on pure Python (a CPU-bound task competing for the GIL);
 - baseline_max_stall_ms: the routing thread's worst call over an equally long window with nothing
   else running, so the scheduler's own noise is visible;
+- compiled_routing: whether `cacheroute.dispatcher.routing` runs compiled (mypyc, built by
+  setup.py at install) or as Python (`CACHEROUTE_PURE_PYTHON=1` at install, or no C compiler);
 - switch_interval_ms: Python's thread switch interval during the run: the dispatcher is started
   as a gateway's is (`DispatcherConfig.switch_interval_s`, 0.5 ms), so the interpreter hands the
   GIL from a builder to a waiting router within that.
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from cacheroute.dispatcher.dispatcher import Dispatcher
+from cacheroute.dispatcher.routing import COMPILED_FROM
 from cacheroute.planner import PlannerParams, build_plan
 from cacheroute.planner.assembly import Applied, PlanAssembler
 from cacheroute.planner.protocol import HEADER_KEY, chunk_key, encode_plan
@@ -287,6 +290,7 @@ def bench_dispatcher(
         "receive_hog_p50_stall_ms": round(float(np.percentile(hog_stalls, 50)), 3),
         "receive_hog_max_stall_ms": round(max(hog_stalls), 3),
         "switch_interval_ms": round(sys.getswitchinterval() * 1000, 3),
+        "compiled_routing": COMPILED_FROM is not None,
         "swap_chunks": len(encoded.chunks),
         "swap_record_bytes": sum(len(c) for c in encoded.chunks) + len(encoded.header_bytes),
         "routed_during_swap": routed_during,

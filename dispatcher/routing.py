@@ -90,6 +90,7 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import importlib
 import logging
 import math
 import random
@@ -97,8 +98,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
+from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -159,26 +161,26 @@ log = logging.getLogger(__name__)
 class RouteKind:
     """Why a request went where it went (indices into `Router.counts`)."""
 
-    PLAN = 0
-    COLD = 1
-    PLAN_DOWN = 2
-    STALE = 3
-    NO_PLAN = 4
-    ALL_DOWN = 5
-    SPILLED = 6
-    BAD_KEY = 7
+    PLAN: Final = 0
+    COLD: Final = 1
+    PLAN_DOWN: Final = 2
+    STALE: Final = 3
+    NO_PLAN: Final = 4
+    ALL_DOWN: Final = 5
+    SPILLED: Final = 6
+    BAD_KEY: Final = 7
     """Not a routable string key (e.g. a list or dict): power-of-two-choices."""
-    SPILL_HOME = 8
+    SPILL_HOME: Final = 8
     """A planned key sent to its spill home, the less loaded of the two (`Router.spill_home`)."""
-    CONTEXT_HOME = 9
+    CONTEXT_HOME: Final = 9
     """A key new in the live plan sent where its context is cached (`Router.context_home`)."""
-    PREFIX = 10
+    PREFIX: Final = 10
     """Of the cold routes: a key new to this gateway sent where its prompt's leading blocks
     went (`Router.prefix_blocks`); also counted as `cold`."""
-    COST = 11
+    COST: Final = 11
     """Of the cold routes: a key placed where its prompt's missing blocks plus the destination's
     recent cache churn cost least (`Router.cold_cost`); also counted as `cold`."""
-    NAMES = (
+    NAMES: Final = (
         "plan",
         "cold",
         "plan_down",
@@ -242,6 +244,22 @@ _COLD_CACHE_KEYS = 1 << 16
 
 
 _M64 = (1 << 64) - 1
+
+COMPILED_FROM: str | None = None
+"""None when this module runs as Python; in the copy setup.py compiles with mypyc, the SHA-256 of
+the routing.py it was compiled from (the same decisions, in less time per request)."""
+
+
+def compiled_is_stale() -> bool:
+    """True when this is the compiled module but routing.py beside it has changed since (an
+    editable install edited after `make install`): the process runs the old code."""
+    if COMPILED_FROM is None:
+        return False
+    source = Path(__file__).with_name("routing.py")
+    try:
+        return hashlib.sha256(source.read_bytes()).hexdigest() != COMPILED_FROM
+    except OSError:  # an install without the sources: nothing to be stale against
+        return False
 
 
 def _mix64(x: int) -> int:
@@ -577,7 +595,7 @@ class Router:
 
     # --------------------------------------------------------------------------- decisions
     def route_index(  # noqa: PLR0911, PLR0912 - one return per rule; the hot path written out
-        self, key: str, session: str | None = None, blocks: Sequence[int] | None = None
+        self, key: object, session: object = None, blocks: Sequence[int] | None = None
     ) -> int:
         """The destination index for `key` (see the module docstring for the rules).
 
@@ -589,10 +607,12 @@ class Router:
         to the cold path goes where they went; call `remember` after routing).
 
         Never raises: a key that cannot be routed as a string (unhashable, not a str, a str
-        subclass whose hash fails) goes by power-of-two-choices and is counted as `bad_key`.
-        (A try block costs nothing on Python 3.11 until something raises.)"""
-        if not isinstance(key, str):  # type hints are not enforced at run time
-            self.counts[7] += 1  # type: ignore[unreachable]
+        subclass whose hash fails) goes by power-of-two-choices and is counted as `bad_key`, and a
+        session that is not a str is ignored. (Hence `object` in the signature: compiled with
+        mypyc, a `str` parameter would raise TypeError at the call. A try block costs nothing on
+        Python 3.11 until something raises.)"""
+        if not isinstance(key, str):
+            self.counts[7] += 1
             return self._p2c()
         try:
             ctx = key if session is None or not isinstance(session, str) else session
@@ -816,7 +836,7 @@ class Router:
                 return m, inflight[m]
         return self._least_loaded(members)
 
-    def route(self, key: str, session: str | None = None) -> str:
+    def route(self, key: object, session: object = None) -> str:
         """The destination name for `key` (and the request's `session`, see `route_index`)."""
         return self.names[self.route_index(key, session)]
 
@@ -1012,9 +1032,7 @@ class Router:
         a, b = live[i], live[j]
         return a if self.inflight[a] <= self.inflight[b] else b
 
-    def work_units(
-        self, key: str, index: int, prompt_tokens: int, session: str | None = None
-    ) -> int:
+    def work_units(self, key: str, index: int, prompt_tokens: int, session: object = None) -> int:
         """Load units of a `prompt_tokens` prompt of `key` sent to destination `index`.
 
         What a request costs a replica is the prefill of its *uncached* tokens plus its decode,
@@ -1251,6 +1269,8 @@ class KeyGroups:
         self._group_ids: dict[str, int] = {}
         """Group text -> id; ids are positions in `names`."""
         self.names: list[str] = []
+        self.split = 0
+        """Keys split so far (only keys not seen before are: the point of the cache)."""
 
     def __len__(self) -> int:
         return len(self._key_ids)
@@ -1284,6 +1304,7 @@ class KeyGroups:
         """Group ids of `keys`, remembered: the splitting in C-level passes (`map`), a Python
         step only per distinct new group."""
         m = len(keys)
+        self.split += m
         cuts = list(map(str.rfind, keys, [self.separator] * m))
         heads = list(map(str.__getitem__, keys, map(slice, cuts)))
         # a key without the separator has no group (its "head" is junk): only the others' heads
@@ -1302,11 +1323,10 @@ class KeyGroups:
 def compiled_groups() -> ModuleType | None:
     """`group_codes` when numba is installed (imported on first use), else None: then keys are
     split in Python (`KeyGroups`), with the same groups at about three times the CPU."""
-    try:
-        from cacheroute.dispatcher import group_codes  # noqa: PLC0415 - numba is optional
+    try:  # by name: the module compiled with mypyc is type-checked without its optional parts
+        return importlib.import_module("cacheroute.dispatcher.group_codes")
     except ImportError:
         return None
-    return group_codes
 
 
 def _groups(
@@ -1366,3 +1386,11 @@ def _groups(
         if j % step == 0:
             pause()
     return out
+
+
+if compiled_is_stale():
+    log.warning(
+        "cacheroute.dispatcher.routing: the compiled module is older than routing.py beside it, "
+        "so this process routes with the old code; rebuild it with `make install` (or "
+        "`pip install -e .`)"
+    )

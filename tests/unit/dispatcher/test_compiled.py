@@ -1,0 +1,102 @@
+"""The routing module compiled with mypyc (setup.py) is current and decides as its source does.
+
+The reference is routing.py itself, loaded from source under another name: an independent copy
+of every rule, run by the interpreter. Both routers get the same table, options and random
+stream and must pick the same destination for every request of a long mixed stream.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+from collections import deque
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from cacheroute.dispatcher import routing
+
+SOURCE = Path(routing.__file__).with_name("routing.py")
+NAMES = [f"d{i}" for i in range(8)]
+
+
+def _interpreted() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cacheroute_routing_source", SOURCE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    assert module.COMPILED_FROM is None
+    return module
+
+
+def test_the_compiled_module_is_built_from_the_routing_py_beside_it() -> None:
+    assert SOURCE.exists()
+    assert not routing.compiled_is_stale(), "routing.py changed since it was compiled: make install"
+    if os.environ.get("CI") == "true":  # CI must test what gateways run: the compiled module
+        assert routing.COMPILED_FROM is not None, "setup.py could not compile routing.py"
+
+
+def _decisions(module: Any, options: dict[str, Any], seed: int) -> list[int]:
+    assignments = [(f"t{k % 5}/hot{k}", [NAMES[k % 8], NAMES[(3 * k + 1) % 8]]) for k in range(6)]
+    assignments += [(f"t{k % 5}/warm{k}", [NAMES[(5 * k) % 8]]) for k in range(30)]
+    table = module.build_table(3, 0, assignments, NAMES, NAMES, group_separator="/")
+    r = module.Router(NAMES, rng=random.Random(seed), **options)
+    r.table = table
+    draw = random.Random(seed + 1)  # the stream: the same for both routers
+    window: deque[tuple[int, int]] = deque()
+    out = []
+    for n in range(6000):
+        u = draw.random()
+        if u < 0.5:
+            key = assignments[draw.randrange(6)][0]
+        elif u < 0.8:
+            key = assignments[draw.randrange(6, 36)][0]
+        else:  # cold keys, new and repeated, some without a group
+            key = f"t{draw.randrange(7)}/cold{draw.randrange(400)}" if u < 0.95 else f"x{n}"
+        session = f"s{draw.randrange(50)}" if draw.random() < 0.3 else None
+        blocks = [draw.randrange(40) for _ in range(draw.randrange(1, 6))]
+        if n == 2000:
+            r.mark_down("d3")
+        if n == 4000:
+            r.mark_up("d3")
+        d = r.route_index(key, session, blocks)
+        r.remember(d, blocks)
+        units = r.work_units(key, d, draw.randrange(1, 4000), session)
+        r.acquire(d, units)
+        window.append((d, units))
+        if len(window) > draw.choice((8, 64)):
+            r.release(*window.popleft())
+        out.append(d)
+    out.extend(r.counts)
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"spill_home": True, "context_home": True, "cache_tokens": 20_000},
+        {"prefix_blocks": 4096, "cold_cost": True, "spill_factor": 1.2},
+        {"cold_affinity": False, "context_slack": False, "cold_choices": 1},
+    ],
+    ids=["defaults", "one-gateway homes", "prefix and cost", "plain"],
+)
+def test_compiled_and_interpreted_routers_make_the_same_decisions(options: dict[str, Any]) -> None:
+    reference = _decisions(_interpreted(), options, seed=11)
+    assert _decisions(routing, options, seed=11) == reference
+    assert len(set(reference[:6000])) == len(NAMES)  # the stream reached every destination
+    kinds = routing.RouteKind
+    counts = reference[6000:]
+    assert counts[kinds.PLAN] > 0
+    assert counts[kinds.COLD] > 0
+    assert counts[kinds.PLAN_DOWN] > 0
+    assert counts[kinds.SPILLED] > 0  # the spill rule ran, not only the plain paths
