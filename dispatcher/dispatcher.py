@@ -31,6 +31,7 @@ from cacheroute.dispatcher.routing import (
     DEFAULT_SPILL_FACTOR,
     DEFAULT_SPILL_MIN_INFLIGHT,
     DEFAULT_UNIT_TOKENS,
+    InFlight,
     KeyGroups,
     PlanLike,
     RouteKind,
@@ -123,58 +124,6 @@ class DispatcherConfig:
             )
 
 
-class InFlight:
-    """One routed request held in flight (what `Dispatcher.request` returns).
-
-    A context manager whose `__enter__` gives the destination name and whose `__exit__` releases
-    the request's load. Immutable, so the one-unit objects are shared per destination: the
-    documented path allocates nothing and runs no generator machinery.
-    """
-
-    __slots__ = ("destination", "index", "release_fn", "router", "settle_fn", "units")
-
-    def __init__(self, router: Router, index: int, units: int, destination: str) -> None:
-        self.router = router
-        self.release_fn = router.release
-        self.settle_fn = router.settle
-        self.index = index
-        self.units = units
-        self.destination = destination
-
-    def first_token(self) -> None:
-        """The answer's first byte arrived: the prompt is prefilled, so all but one unit (the
-        decode) stop counting. The load then tracks the prefill queued at each destination,
-        which is what time to first token waits for. Optional; call it at most once."""
-        if self.units > 1:  # one-unit objects are shared and never change
-            self.settle_fn(self.index, self.units - 1)
-            self.units = 1
-
-    def __enter__(self) -> str:
-        return self.destination
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        # `Router.release` written out (one call less on the documented hot path)
-        router, index, units = self.router, self.index, self.units
-        lock = router._lock
-        lock.acquire()
-        try:
-            held = router.inflight[index]
-            take = units if units <= held else held
-            router.inflight[index] = held - take
-            router.total_inflight -= take
-            if router.total_requests > 0:
-                router.total_requests -= 1
-        finally:
-            lock.release()
-
-    def release(self) -> None:
-        """Release the request's load (for callers that do not use `with`); call it once."""
-        self.release_fn(self.index, self.units)
-
-    def __repr__(self) -> str:
-        return f"InFlight({self.destination!r}, units={self.units})"
-
-
 class Dispatcher:
     """Routes requests of one gateway. Thread-safe; `route`/`acquire`/`release` never raise."""
 
@@ -221,8 +170,8 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self.swaps = 0
         self.subscription: object | None = None
-        self._held = [InFlight(self.router, i, 1, n) for i, n in enumerate(self.router.names)]
         # the hot path, bound once
+        self._hold = self.router.hold
         self.route = self.router.route
         self.route_index = self.router.route_index
         self.acquire = self.router.acquire
@@ -261,27 +210,7 @@ class Dispatcher:
         its history is cached (`Router.route_index`). `blocks`: the prompt's chained block
         hashes (`openai_api.prefix_block_hashes`), for `prefix_blocks`. Never raises.
         """
-        i = self.route_index(key, session, blocks)
-        router = self.router
-        if blocks is not None:
-            router.remember(i, blocks)
-        if prompt_tokens is not None:
-            try:
-                units = router.work_units(key, i, int(prompt_tokens), session)
-            except (TypeError, ValueError):  # a hostile count: weigh it as one request
-                units = 1
-        if units == 1:
-            lock = router._lock
-            lock.acquire()  # `Router.acquire(i, 1)` written out: the documented hot path
-            try:
-                router.inflight[i] += 1
-                router.total_inflight += 1
-                router.total_requests += 1
-            finally:
-                lock.release()
-            return self._held[i]  # immutable, shared: no allocation on the common path
-        self.acquire(i, units)
-        return InFlight(self.router, i, units, self.router.names[i])
+        return self._hold(key, units, prompt_tokens, session, blocks)
 
     def load_report(self, gateway_id: str) -> LoadReport:
         """This gateway's own in-flight load (without its peers'), for the other gateways."""

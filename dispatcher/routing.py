@@ -111,6 +111,7 @@ __all__ = [
     "DEFAULT_SPILL_FACTOR",
     "DEFAULT_SPILL_MIN_INFLIGHT",
     "DEFAULT_UNIT_TOKENS",
+    "InFlight",
     "KeyGroups",
     "PlanLike",
     "RouteKind",
@@ -514,6 +515,8 @@ class Router:
         self.names: list[str] = list(self.destinations)
         self.index: dict[str, int] = {d: i for i, d in enumerate(self.names)}
         self.inflight: list[int] = [0] * len(self.names)
+        self._held: list[InFlight] = [InFlight(self, i, 1, n) for i, n in enumerate(self.names)]
+        """One shared one-unit `InFlight` per destination (`hold`)."""
         self.up: list[bool] = [True] * len(self.names)
         self.live: list[int] = list(range(len(self.names)))
         self.n_live = len(self.live)
@@ -1055,6 +1058,38 @@ class Router:
         self._context[ctx] = (index, prompt_tokens, self._inserted[index])
         return 1 + uncached // self.unit_tokens
 
+    def hold(
+        self,
+        key: object,
+        units: int = 1,
+        prompt_tokens: object = None,
+        session: object = None,
+        blocks: Sequence[int] | None = None,
+    ) -> InFlight:
+        """`Dispatcher.request` (see it): route, weigh, count in flight, and return the held
+        request. Here, in the module compiled with mypyc, so the documented path runs as one
+        native call."""
+        i = self.route_index(key, session, blocks)
+        if blocks is not None:
+            self.remember(i, blocks)
+        if prompt_tokens is not None:
+            try:  # (a key that is not a str went by P2C: one unit)
+                count = int(prompt_tokens)  # type: ignore[call-overload]
+                units = self.work_units(key, i, count, session) if isinstance(key, str) else 1
+            except (TypeError, ValueError, OverflowError):  # a hostile count: one request
+                units = 1
+        lock = self._lock
+        lock.acquire()  # `acquire(i, units)` written out: the documented hot path
+        try:
+            self.inflight[i] += units
+            self.total_inflight += units
+            self.total_requests += 1
+        finally:
+            lock.release()
+        if units == 1:
+            return self._held[i]  # immutable, shared: no allocation on the common path
+        return InFlight(self, i, units, self.names[i])
+
     # --------------------------------------------------------------------------- in-flight
     def acquire(self, index: int, units: int = 1) -> None:
         """A request was sent to destination `index`; it counts `units` of load until released.
@@ -1243,6 +1278,56 @@ def table_from_plan(
     return RoutingTable(
         plan.version, plan.created_ms, shards, multi, unknown, unplanned, groups, sep, mask
     )
+
+
+class InFlight:
+    """One routed request held in flight (what `Dispatcher.request` returns).
+
+    A context manager whose `__enter__` gives the destination name and whose `__exit__` releases
+    the request's load. Immutable, so the one-unit objects are shared per destination: the
+    documented path allocates nothing and runs no generator machinery.
+    """
+
+    __slots__ = ("destination", "index", "router", "units")
+
+    def __init__(self, router: Router, index: int, units: int, destination: str) -> None:
+        self.router = router
+        self.index = index
+        self.units = units
+        self.destination = destination
+
+    def first_token(self) -> None:
+        """The answer's first byte arrived: the prompt is prefilled, so all but one unit (the
+        decode) stop counting. The load then tracks the prefill queued at each destination,
+        which is what time to first token waits for. Optional; call it at most once."""
+        if self.units > 1:  # one-unit objects are shared and never change
+            self.router.settle(self.index, self.units - 1)
+            self.units = 1
+
+    def __enter__(self) -> str:
+        return self.destination
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # `Router.release` written out (one call less on the documented hot path)
+        router, index, units = self.router, self.index, self.units
+        lock = router._lock
+        lock.acquire()
+        try:
+            held = router.inflight[index]
+            take = units if units <= held else held
+            router.inflight[index] = held - take
+            router.total_inflight -= take
+            if router.total_requests > 0:
+                router.total_requests -= 1
+        finally:
+            lock.release()
+
+    def release(self) -> None:
+        """Release the request's load (for callers that do not use `with`); call it once."""
+        self.router.release(self.index, self.units)
+
+    def __repr__(self) -> str:
+        return f"InFlight({self.destination!r}, units={self.units})"
 
 
 class KeyGroups:
