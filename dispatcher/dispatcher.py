@@ -171,7 +171,7 @@ class Dispatcher:
         self.swaps = 0
         self.subscription: object | None = None
         # the hot path, bound once
-        self._hold = self.router.hold
+        self.request = self.router.hold  # type: ignore[method-assign]  # same signature
         self.route = self.router.route
         self.route_index = self.router.route_index
         self.acquire = self.router.acquire
@@ -210,7 +210,11 @@ class Dispatcher:
         its history is cached (`Router.route_index`). `blocks`: the prompt's chained block
         hashes (`openai_api.prefix_block_hashes`), for `prefix_blocks`. Never raises.
         """
-        return self._hold(key, units, prompt_tokens, session, blocks)
+        # each instance binds `request` to `Router.hold` in __init__ (no frame of its own on
+        # the hot path); this body runs only if a caller reaches the class attribute
+        return self.router.hold(
+            key, units, prompt_tokens=prompt_tokens, session=session, blocks=blocks
+        )
 
     def load_report(self, gateway_id: str) -> LoadReport:
         """This gateway's own in-flight load (without its peers'), for the other gateways."""

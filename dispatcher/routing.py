@@ -1062,13 +1062,14 @@ class Router:
         self,
         key: object,
         units: int = 1,
+        *,
         prompt_tokens: object = None,
         session: object = None,
         blocks: Sequence[int] | None = None,
     ) -> InFlight:
-        """`Dispatcher.request` (see it): route, weigh, count in flight, and return the held
-        request. Here, in the module compiled with mypyc, so the documented path runs as one
-        native call."""
+        """`Dispatcher.request` (see it; each dispatcher binds its `request` to this): route,
+        weigh, count in flight, and return the held request. Here, in the module compiled with
+        mypyc, so the documented path is one native call."""
         i = self.route_index(key, session, blocks)
         if blocks is not None:
             self.remember(i, blocks)

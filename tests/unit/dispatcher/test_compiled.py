@@ -100,3 +100,19 @@ def test_compiled_and_interpreted_routers_make_the_same_decisions(options: dict[
     assert counts[kinds.COLD] > 0
     assert counts[kinds.PLAN_DOWN] > 0
     assert counts[kinds.SPILLED] > 0  # the spill rule ran, not only the plain paths
+
+
+def test_a_dispatchers_request_is_the_routers_hold() -> None:
+    from cacheroute.dispatcher import Dispatcher  # noqa: PLC0415 - logs at construction
+
+    d = Dispatcher(NAMES, rng=random.Random(3))
+    assert getattr(d.request, "__self__", None) is d.router  # bound at construction: no own frame
+    with d.request("t1/a", prompt_tokens=4 * 512) as first:
+        # the class's method (what a subclass calling super() reaches) takes the same path
+        held = type(d).request(d, "t1/b")
+        assert d.router.inflight[NAMES.index(first)] >= 5  # 1 + 2048 // 512 units
+        assert d.router.total_requests == 2
+        assert d.router.total_inflight == 5 + 1  # and one for the request without a count
+        held.release()
+    assert d.router.total_inflight == 0
+    assert d.router.total_requests == 0
