@@ -161,6 +161,9 @@ class Dispatcher:
         self.registry.register(_DispatcherCollector(self))
         self._apply_lock = threading.Lock()
         self._key_groups: KeyGroups | None = None
+        self._retired: list[RoutingTable] = []
+        """Tables replaced by the last swap, emptied a slice at a time by the next `apply_plan`
+        (freeing a 60k-key table in one go holds the GIL for about half a millisecond)."""
         """Keys' sibling groups remembered across plan versions (used under `_apply_lock`)."""
         self._mode_lock = threading.Lock()
         self._interval_s = self.config.control_interval_s
@@ -256,8 +259,10 @@ class Dispatcher:
 
         Returns False (and keeps the live plan) when `plan` is not newer than the live one. The
         table is built in slices of `build_yield_every` keys with a `time.sleep(0)` once at least
-        `_PAUSE_BUDGET_S` (0.5 ms) of work has passed, so a router thread waiting for the GIL gets
-        it within about that long.
+        `_PAUSE_BUDGET_S` (0.25 ms) of work has passed, so a router thread waiting for the GIL gets
+        it within about that long. The table this one replaces is kept whole until the next
+        apply, which empties it in the same paced slices before building (`_drain`): freeing a
+        60k-key table at once held the GIL ~0.5 ms.
         """
         with self._apply_lock:
             live = self.router.table
@@ -266,14 +271,21 @@ class Dispatcher:
             sep = getattr(getattr(plan, "params", None), "group_separator", None)
             if sep and (self._key_groups is None or self._key_groups.separator != sep):
                 self._key_groups = KeyGroups(sep)
+            pause = _Paced(_yield_gil)
+            step = self.config.build_yield_every
+            retired, self._retired = self._retired, []
+            for old in retired:  # out of service for a whole version: no route() holds them
+                _drain(old, pause, step)
+            del retired
             table = table_from_plan(
-                plan,
-                self.router.names,
-                yield_every=self.config.build_yield_every,
-                pause=_Paced(_yield_gil),
-                key_groups=self._key_groups,
+                plan, self.router.names, yield_every=step, pause=pause, key_groups=self._key_groups
             )
-            self.router.install(table)  # the swap: one reference assignment
+            router = self.router
+            replaced = [t for t in (router.table, router.previous_table) if t is not None]
+            router.install(table)  # the swap: one reference assignment
+            self._retired = [
+                t for t in replaced if t is not router.table and t is not router.previous_table
+            ]
             self.swaps += 1
             if control_interval_s is not None:
                 self._interval_s = control_interval_s
@@ -427,8 +439,27 @@ def _yield_gil() -> None:
     time.sleep(0)
 
 
-_PAUSE_BUDGET_S = 0.0005
-"""Work between two GIL yields while a plan's routing table is built (0.5 ms; see `_Paced`)."""
+_PAUSE_BUDGET_S = 0.00025
+"""Work between two GIL yields while a plan's routing table is built (0.25 ms; see `_Paced`):
+half the thread switch interval, so a router thread waiting for the GIL gets it from the builder's
+own yield before the interpreter would force one (compiled table code never checks for that)."""
+
+
+def _drain(table: RoutingTable, pause: Callable[[], None], step: int) -> None:
+    """Empty a retired table's dicts `step` entries at a time with `pause()` between slices.
+
+    Dropping a whole table at once decrefs (and, where it held the last reference, frees) every
+    key in one C-level pass that holds the GIL; popping slices spreads that work between pauses.
+    """
+    step = max(1, step)
+    for d in (*table.shards, table.multi, table.groups):
+        if not isinstance(d, dict):
+            continue
+        pop = d.popitem
+        while d:
+            for _ in range(min(step, len(d))):
+                pop()
+            pause()
 
 
 class _Paced:

@@ -20,6 +20,7 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal
 
 import numpy as np
@@ -36,6 +37,7 @@ from cacheroute.schemas import (
     codec_for,
 )
 from cacheroute.schemas.codec import PlanChunkColumns, decode_plan_chunk_columns
+from cacheroute.schemas.gc_tracking import untrack_strings
 
 __all__ = [
     "CHUNK_KEY_PREFIX",
@@ -500,7 +502,6 @@ def plan_from_columns(
                 f"version {v}: chunk {i} is chunk {chunk.index} of version {chunk.version}"
             )
     yield_ = pause or _no_pause
-    key_list: list[str] = []
     for chunk in chunks:
         if not len(chunk.keys) == len(chunk.replicas) == len(chunk.rates):
             raise ProtocolError(f"version {v}: chunk {chunk.index} has columns of unequal length")
@@ -510,10 +511,9 @@ def plan_from_columns(
                 f"version {v}: chunk {chunk.index}: replicas add up to {total}, "
                 f"targets has {len(chunk.targets)}"
             )
-        key_list.extend(chunk.keys)
     yield_()
-    keys = tuple(key_list)
-    del key_list
+    keys = tuple(chain.from_iterable(chunk.keys for chunk in chunks))  # one pass over the keys
+    untrack_strings(keys)
     if len(keys) != header.key_count:
         raise ProtocolError(f"version {v}: {len(keys)} keys, the header says {header.key_count}")
     dests = tuple(Destination(d.name, d.capacity) for d in header.destinations)

@@ -29,6 +29,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from cacheroute.schemas.convert import from_dict, to_dict
 from cacheroute.schemas.errors import SchemaError
+from cacheroute.schemas.gc_tracking import untrack_strings
 from cacheroute.schemas.records import (
     KeyRate,
     PlanChunk,
@@ -355,6 +356,7 @@ def decode_plan_chunk_columns(data: bytes) -> PlanChunkColumns | None:
         version, pos = _varint(data, _HEADER_LEN, 10)
         index, pos = _varint(data, pos, 5)
         keys, pos = _string_array(data, pos)
+        untrack_strings(keys)  # decoded strings only, and nothing adds to it (gc_tracking)
         replicas, pos = _int_array(data, pos)
         targets, pos = _int_array(data, pos)
         rates, pos = _double_array(data, pos)

@@ -203,3 +203,32 @@ def test_request_with_blocks_sends_a_new_conversation_where_its_prompt_went() ->
             spread.add(dest)
     assert len(spread) > 1
     assert plain.router.counts[RouteKind.PREFIX] == 0
+
+
+@pytest.mark.parametrize("context_home", [False, True])
+def test_a_replaced_table_is_emptied_by_the_next_apply_and_routing_stays_by_plan(
+    context_home: bool,
+) -> None:
+    """Tables leave service whole and are freed a slice at a time one version later (so a
+    route() that still held one during the swap saw it intact); with `context_home` the router
+    keeps the last one as `previous_table`, so a table retires one version later still."""
+    d = Dispatcher(
+        NAMES, DispatcherConfig(build_yield_every=7, context_home=context_home), clock=Clock(1000.0)
+    )
+    sizes = []
+    tables = []
+    for v in range(1, 6):
+        p = plan(v, 1_000_000)
+        d.apply_plan(p)
+        assert d.router.table is not None
+        tables.append(d.router.table)
+        sizes.append([len(t) for t in tables])
+        for key, members in p.assignments().items():
+            assert d.route(key) in {NAMES[i] for i in members}
+    full = len(plan(1, 1_000_000).assignments())
+    assert full > 7  # several slices of 7
+    lag = 2 if context_home else 1  # versions a table stays referenced by the router
+    for v, row in enumerate(sizes, start=1):
+        for t, size in enumerate(row, start=1):
+            # table t is emptied by the apply of version t + lag + 1
+            assert size == (0 if v >= t + lag + 1 else full), (v, t, row)
