@@ -106,6 +106,7 @@ import numpy as np
 
 from cacheroute.dispatcher.errors import DispatchError
 from cacheroute.dispatcher.prefixes import PrefixIndex
+from cacheroute.dispatcher.presized import presized_dict
 
 __all__ = [
     "DEFAULT_SPILL_FACTOR",
@@ -201,10 +202,10 @@ SHARDS = 64
 SHARD_MASK = SHARDS - 1
 ONE_DICT_MAX_KEYS = 80_000
 """`table_from_plan` puts up to this many single-replica keys in one dict, filled a slice at a
-time by C-level `dict.update`: the largest resize on the way copies at most 43,690 entries (a
-dict grows at 2/3 full: 87,381 would be the next step), 0.3-0.4 ms with the GIL held on a 2-core
-machine, and the fill is ~4x faster than the per-key loop larger plans use over `SHARDS` dicts
-(4-5 ms against 14 ms for 61k keys: the loop pays a bytecode round per key)."""
+time by C-level `dict.update`, ~4x faster than the per-key loop larger plans use over `SHARDS`
+dicts (4-5 ms against 14 ms for 61k keys: the loop pays a bytecode round per key). The dict is
+made at its final size (`presized_dict`, below `PRESIZE_MAX`): grown from empty, its last resize
+copied 43,690 entries at once with the GIL held, 0.6-1.7 ms on a 2-core machine."""
 DEFAULT_SPILL_FACTOR = 2.0
 """A planned destination with twice the mean in-flight requests takes no more planned ones."""
 DEFAULT_SPILL_MIN_INFLIGHT = 4
@@ -241,7 +242,12 @@ replica's cache takes to turn over a fifth, so churn says where contexts are bei
 now, not an hour ago (2.0 instead: the same capacity on the conversation trace, hit rate 0.612
 against 0.616)."""
 _COLD_CACHE_KEYS = 1 << 16
-"""Ring positions of recent cold keys kept per router (the cache is cleared when full)."""
+"""Entries kept in each of a router's per-key memories (cold keys' ring positions, contexts,
+spill homes); a full one starts over empty (`Router._retire`)."""
+_SHED_PER_INSERT = 4
+"""Entries of a retired memory freed per insert into a live one (`Router._shed`): a memory of
+`_COLD_CACHE_KEYS` entries is gone after a quarter of that many inserts, long before the next
+one fills."""
 
 
 _M64 = (1 << 64) - 1
@@ -307,8 +313,8 @@ class RoutingTable:
     trigger collector passes. A large single-replica map is split into `SHARDS` dicts by key
     hash (`mask`): one 100k-entry dict rehashes everything at once when it grows (over a
     millisecond with the GIL held, stalling every routing thread); shards grow in steps of a few
-    thousand entries. Up to `ONE_DICT_MAX_KEYS` keys the largest step stays well below that, and
-    one dict (mask 0) is filled much faster (`table_from_plan`).
+    thousand entries. Up to `ONE_DICT_MAX_KEYS` admitted keys it is one dict (mask 0), made at
+    its final size so it never rehashes, and filled much faster (`table_from_plan`).
     """
 
     version: int
@@ -546,6 +552,9 @@ class Router:
         """Planned key -> where this gateway last spilled it (`spill_home`)."""
         self._home_keys: list[int] = [0] * len(self.names)
         """Per destination: how many keys have it as their spill home (`_new_home`)."""
+        self._retiring: list[Any] = []
+        """Full per-key memories replaced by empty ones, freed a few entries at a time
+        (`_retire`, `_shed`)."""
         self._prefixes = (
             PrefixIndex(len(self.names), self.prefix_blocks) if self.prefix_blocks > 0 else None
         )
@@ -677,8 +686,11 @@ class Router:
         if d < 0:
             d = self._cold(key, ctx)
         if len(self._homes) >= _COLD_CACHE_KEYS:
-            self._homes.clear()
+            self._retire(self._homes)
+            self._homes = {}
             self._home_keys = [0] * len(self.names)
+        elif self._retiring:
+            self._shed()
         old = self._homes.get(key, -1)
         if old != d:
             if old >= 0:
@@ -730,7 +742,10 @@ class Router:
             if not self.up[d] or self.inflight[d] >= bound:
                 return -1
         if len(self._cold_start) >= _COLD_CACHE_KEYS:
-            self._cold_start.clear()
+            self._retire(self._cold_start)
+            self._cold_start = {}
+        elif self._retiring:
+            self._shed()
         self._cold_start[key] = (start, d, h)  # later cold routes of the key start there
         return d
 
@@ -859,7 +874,10 @@ class Router:
                 lengths = self._prefixes.match(list(blocks or ()))
         if seen is None:
             if len(self._cold_start) >= _COLD_CACHE_KEYS:
-                self._cold_start.clear()
+                self._retire(self._cold_start)
+                self._cold_start = {}
+            elif self._retiring:
+                self._shed()
             h = ring_hash(key)
             start = bisect.bisect_left(self._ring_points, h)
             if lengths is not None:
@@ -942,6 +960,30 @@ class Router:
                     self._churn_clock = self._churn_at[index] = now + added
         except Exception:  # a hostile block list (not ints): no memory of it, no crash
             log.debug("remember(%r): blocks not recorded", index, exc_info=True)
+
+    def _retire(self, memory: Any) -> None:
+        """Set a full per-key memory aside to be freed by `_shed`, a few entries per insert.
+
+        Its caller replaces it with an empty one, so routing is exactly as if it were cleared.
+        Why not `clear()`: freeing 65,536 entries of (int, int, int) tuples at once took 2-6 ms
+        with the GIL held, on the request path of whichever request found the memory full (seen
+        as a 5-6 ms stall of a routing thread in `bench dispatcher`).
+        """
+        self._retiring.append(memory)
+
+    def _shed(self) -> None:
+        """Free up to `_SHED_PER_INSERT` entries of the retired memories (never raises)."""
+        retiring = self._retiring
+        try:
+            old = retiring[-1]
+            for _ in range(_SHED_PER_INSERT):
+                if not old:
+                    if retiring and retiring[-1] is old:
+                        retiring.pop()
+                    return
+                old.popitem()
+        except (IndexError, KeyError, ValueError):  # another thread freed the same entries
+            return
 
     def _cold_bound(self) -> int:
         """CHWBL's bound on the cold path: a destination may take a cold key while its load is
@@ -1052,7 +1094,10 @@ class Router:
         ctx = session if isinstance(session, str) else key
         cached = self._cached(self._context.get(ctx), index)
         if len(self._context) >= _COLD_CACHE_KEYS:
-            self._context.clear()
+            self._retire(self._context)
+            self._context = {}
+        elif self._retiring:
+            self._shed()
         uncached = prompt_tokens - cached if prompt_tokens > cached else 0
         self._inserted[index] += uncached
         self._context[ctx] = (index, prompt_tokens, self._inserted[index])
@@ -1213,7 +1258,8 @@ def table_from_plan(
 
     numpy maps the plan's destination indices to this gateway's and finds each key's single
     target (-1: several, or none known here) in one pass; the dict (up to `ONE_DICT_MAX_KEYS`
-    keys: one `dict.update` per slice) or the shard dicts (key by key) are then filled in plan
+    keys: made at its final size, `presized_dict`, then one `dict.update` per slice) or the
+    shard dicts (key by key) are then filled in plan
     order, `yield_every` keys at a time with `pause()` between slices (the dispatcher passes a
     GIL yield paced by time), so a background build never holds the GIL for long. (Measured:
     bucketing the keys by shard first and filling each shard with one `dict(zip(...))` is no
@@ -1224,6 +1270,12 @@ def table_from_plan(
     split (`KeyGroups`); it is used only when its separator is the plan's.
     """
     pause = pause or _no_pause
+    keys = plan.keys
+    # made first, with a pause after it: its memory (~2.5 MB at 61k keys) is zeroed as it is
+    # made, 0.3-1.2 ms measured when the pages are new to the process
+    one_dict = len(keys) <= ONE_DICT_MAX_KEYS
+    table0: dict[str, int] = presized_dict(len(keys)) if one_dict else {}
+    pause()
     names = [d.name for d in plan.destinations]
     local = {name: i for i, name in enumerate(gateway_destinations)}
     lut = np.array([local.get(n, -1) for n in names] + [-1], dtype=np.int64)
@@ -1234,18 +1286,18 @@ def table_from_plan(
         else np.zeros(0, np.int64)
     )
     k = np.diff(offsets)
-    keys = plan.keys
     step = yield_every or len(keys) or 1
     single = np.full(len(keys), -1, dtype=np.int64)
     one = np.flatnonzero(k == 1)
+    pause()
     if len(one):
         single[one] = targets[offsets[one]]
     pause()
-    mask = 0 if len(one) <= ONE_DICT_MAX_KEYS else SHARD_MASK
+    mask = 0 if one_dict else SHARD_MASK
     shards: tuple[dict[str, int], ...]
     if mask == 0:
-        shards = ({},)
-        fill = shards[0].update
+        shards = (table0,)  # room for every admitted key: no resize on the way
+        fill = table0.update
         for lo in range(0, len(keys), step):
             ts = single[lo : lo + step]
             pairs = zip(keys[lo : lo + step], ts.tolist(), strict=True)

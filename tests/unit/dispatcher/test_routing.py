@@ -577,3 +577,41 @@ def test_ring_top_two_are_the_first_two_distinct_owners_clockwise(count: int) ->
             (owners[j % n] for j in range(start + 1, start + n) if owners[j % n] != first), -1
         )
         assert router._ring_top2(start) == (first, second)
+
+
+@pytest.mark.parametrize("memory", ["_cold_start", "_context"])
+def test_a_full_per_key_memory_starts_over_and_the_old_one_is_freed_a_little_per_insert(
+    memory: str,
+) -> None:
+    """A router remembers up to 65,536 keys per memory (cold keys' ring positions via route(),
+    contexts via work_units()). A full memory is replaced by an empty one - routing as after a
+    clear() - and the full one is freed 4 entries per later insert instead of all at once on
+    one request (which held the GIL for milliseconds): after the insert that replaced it,
+    n more inserts leave 65,536 - 4n of its entries, and it is dropped at the first insert after
+    it is empty, the 16,385th."""
+    r = Router(NAMES, rng=random.Random(0))
+
+    def insert(i: int) -> None:
+        if memory == "_cold_start":
+            r.route(f"k{i}")
+        else:
+            r.work_units(f"k{i}", i % len(NAMES), 100)
+
+    full = 1 << 16
+    for i in range(full):
+        insert(i)
+    assert len(getattr(r, memory)) == full
+    assert r._retiring == []
+    insert(full)  # finds it full: a new memory holds this key, the old one is set aside
+    assert len(getattr(r, memory)) == 1
+    assert [len(m) for m in r._retiring] == [full]
+    assert "k0" not in getattr(r, memory)  # forgotten, as a clear() would have
+    for i in range(full + 1, full + 101):
+        insert(i)
+    assert [len(m) for m in r._retiring] == [full - 4 * 100]
+    for i in range(full + 101, full + 1 + full // 4):
+        insert(i)
+    assert [len(m) for m in r._retiring] == [0]  # emptied by the 16,384th insert after
+    insert(2 * full)
+    assert r._retiring == []
+    assert len(getattr(r, memory)) == full // 4 + 2
