@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import sys
 import threading
 from collections import Counter
 
@@ -615,3 +617,26 @@ def test_a_full_per_key_memory_starts_over_and_the_old_one_is_freed_a_little_per
     insert(2 * full)
     assert r._retiring == []
     assert len(getattr(r, memory)) == full // 4 + 2
+
+
+def test_the_routers_per_key_memories_are_invisible_to_the_cyclic_collector() -> None:
+    """Cold keys' ring positions and keys' contexts are kept as one int per key: a dict of
+    str -> int is never tracked by CPython's collector (tuple values were, and every young pass
+    visited the fresh ones), and the entries still say where each key went."""
+    r = Router(NAMES, rng=random.Random(0))
+    went = {f"conv-{i}": r.route(f"conv-{i}") for i in range(500)}
+    for key, name in went.items():
+        r.work_units(key, r.index[name], 2048)
+    if sys.implementation.name == "cpython":
+        assert not gc.is_tracked(r._cold_start)
+        assert not gc.is_tracked(r._context)
+    # a known key stays where it went while under the bound (nothing is in flight)
+    assert all(r.route(key) == name for key, name in went.items())
+    # and its context is found there: the next turn of 2048 + 512 tokens weighs 1 + 512 // 512
+    assert all(r.work_units(key, r.index[name], 2560) == 2 for key, name in went.items())
+
+
+def test_more_destinations_than_a_memory_entry_can_name_are_refused() -> None:
+    too_many = [f"d{i}" for i in range((1 << 24) // RING_VNODES + 1)]
+    with pytest.raises(DispatchError, match="at most 104857 destinations"):
+        Router(too_many)
