@@ -12,8 +12,9 @@ ordinary empty dict: the same contents, only the resizes come back.
 from __future__ import annotations
 
 import ctypes
-import sys
 from typing import Any
+
+from cacheroute.schemas.cpython_api import cpython_function
 
 __all__ = ["PRESIZE_MAX", "presized_dict"]
 
@@ -21,21 +22,9 @@ PRESIZE_MAX = 87_381
 """CPython presizes for at most this many entries (a table of 2**17 slots, 2/3 usable); a
 larger dict still resizes above that."""
 
-
-def _presize_function() -> Any:
-    """CPython's `_PyDict_NewPresized`, or None where it is not exported."""
-    if sys.implementation.name != "cpython":
-        return None
-    try:
-        fn = ctypes.pythonapi._PyDict_NewPresized
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.c_ssize_t]
-    fn.restype = ctypes.py_object  # a new reference: ctypes takes it over (no leak)
-    return fn
-
-
-_PRESIZED = _presize_function()
+_PRESIZED = cpython_function("_PyDict_NewPresized", [ctypes.c_ssize_t], ctypes.py_object)
+"""CPython's `_PyDict_NewPresized` (its result, a new reference, is taken over by ctypes), or
+None where it is not exported."""
 
 
 def presized_dict(entries: int) -> dict[Any, Any]:

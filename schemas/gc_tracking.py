@@ -13,25 +13,13 @@ collector's view at once, without the visits.
 from __future__ import annotations
 
 import ctypes
-import sys
+
+from cacheroute.schemas.cpython_api import cpython_function
 
 __all__ = ["untrack_strings"]
 
-
-def _untrack_function() -> ctypes._NamedFuncPointer | None:
-    """CPython's `PyObject_GC_UnTrack` (stable C API), or None on another interpreter."""
-    if sys.implementation.name != "cpython":
-        return None
-    try:
-        fn = ctypes.pythonapi.PyObject_GC_UnTrack
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.py_object]
-    fn.restype = None
-    return fn
-
-
-_UNTRACK = _untrack_function()
+_UNTRACK = cpython_function("PyObject_GC_UnTrack", [ctypes.py_object], None)
+"""CPython's `PyObject_GC_UnTrack` (stable C API), or None on another interpreter."""
 
 
 def untrack_strings(items: tuple[str, ...] | list[str]) -> None:
