@@ -237,6 +237,7 @@ class StreamsRuntime:
             log.info("%s: delivered again after a consumer seek; already applied, skipped", where)
             return
         self.metrics.batches.inc()
+        self.metrics.batch_started(now_ms / 1000.0)
         raw = event.value
         try:
             # the common case, read straight into columns (schemas/batch_scan.py); anything
@@ -490,6 +491,8 @@ class StreamsRuntime:
                         await self.stream.ack(ev)
                 self.last_flush[partition] = time.monotonic()
                 self.metrics.rates_emitted.inc(out.rate_count)
+                if out.rate_count:
+                    self.metrics.last_rates_time.set(time.time())
                 self.metrics.watermark_ms.labels(str(partition)).set(state.watermark)
                 self.metrics.open_windows.labels(str(partition)).set(len(state.open_windows))
                 for closed in out.closed:
@@ -720,6 +723,7 @@ def create_app(
         runtime.stream = manual
         async for event in manual.events():
             runtime.handle(event)
+            runtime.metrics.batch_done(time.time())
             partition = event.message.partition
             # a window the watermark has closed is emitted now, not at the next timer tick
             if runtime.due(partition, time.monotonic()) or _closable(runtime.states.get(partition)):

@@ -33,8 +33,22 @@ class StreamMetrics:
     gateway_events_late: Counter
     gateway_events_future: Counter
     gateway_batches_future: Counter
+    first_batch_time: Gauge
+    last_batch_time: Gauge
+    last_rates_time: Gauge
     max_gateway_labels: int = 32
     _gateways: set[str] = field(default_factory=set)
+    _first_batch_s: float = 0.0
+
+    def batch_started(self, at_s: float) -> None:
+        """A batch is about to be applied at Unix time `at_s` (the first one is remembered)."""
+        if not self._first_batch_s:
+            self._first_batch_s = at_s
+            self.first_batch_time.set(at_s)
+
+    def batch_done(self, at_s: float) -> None:
+        """The agent finished handling a message at Unix time `at_s`."""
+        self.last_batch_time.set(at_s)
 
     def gateway(self, gateway_id: str) -> str:
         """The `gateway` label of a gateway: its id, or "other" once `max_gateway_labels` are taken.
@@ -123,6 +137,24 @@ class StreamMetrics:
                 "Batches/summaries whose created_ms was ahead of their Kafka timestamp (ignored; "
                 "empty ones dead-lettered), by gateway",
                 ["gateway"],
+                registry=reg,
+            ),
+            first_batch_time=Gauge(
+                p + "first_batch_timestamp_seconds",
+                "When this worker began applying its first batch (Unix time; 0 before): its "
+                "start-up and group join end here",
+                registry=reg,
+            ),
+            last_batch_time=Gauge(
+                p + "last_batch_timestamp_seconds",
+                "When this worker last finished handling a message (Unix time): it stops moving "
+                "while nothing arrives",
+                registry=reg,
+            ),
+            last_rates_time=Gauge(
+                p + "last_rates_timestamp_seconds",
+                "When a flush last emitted key rates, acknowledged by the broker (Unix time): "
+                "planners see rates no newer than this",
                 registry=reg,
             ),
         )
