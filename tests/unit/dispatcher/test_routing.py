@@ -590,7 +590,7 @@ def test_a_full_per_key_memory_starts_over_and_the_old_one_is_freed_a_little_per
     clear() - and the full one is freed 4 entries per later insert instead of all at once on
     one request (which held the GIL for milliseconds): after the insert that replaced it,
     n more inserts leave 65,536 - 4n of its entries, and it is dropped at the first insert after
-    it is empty, the 16,385th."""
+    it is empty, the 16,385th. The new memory has room for 65,536 entries from the start."""
     r = Router(NAMES, rng=random.Random(0))
 
     def insert(i: int) -> None:
@@ -606,6 +606,7 @@ def test_a_full_per_key_memory_starts_over_and_the_old_one_is_freed_a_little_per
     assert r._retiring == []
     insert(full)  # finds it full: a new memory holds this key, the old one is set aside
     assert len(getattr(r, memory)) == 1
+    room = sys.getsizeof(getattr(r, memory))  # made with room for a full memory (CPython)
     assert [len(m) for m in r._retiring] == [full]
     assert "k0" not in getattr(r, memory)  # forgotten, as a clear() would have
     for i in range(full + 1, full + 101):
@@ -617,6 +618,12 @@ def test_a_full_per_key_memory_starts_over_and_the_old_one_is_freed_a_little_per
     insert(2 * full)
     assert r._retiring == []
     assert len(getattr(r, memory)) == full // 4 + 2
+    held = full // 4 + 2
+    for i in range(2 * full + 1, 2 * full + 1 + full - held):  # fill it up: it never resizes
+        insert(i)
+    assert len(getattr(r, memory)) == full
+    if sys.implementation.name == "cpython":
+        assert sys.getsizeof(getattr(r, memory)) == room
 
 
 def test_the_routers_per_key_memories_are_invisible_to_the_cyclic_collector() -> None:
