@@ -37,9 +37,9 @@ What each figure measures (seconds are wall clock, `perf_counter`, unless named 
   `agent_flush_seconds`: the worker's own `flush_seconds` histogram sum (rates out, changelog,
   acks) over the whole run. `agent_cpu_seconds`: the worker process's CPU time (/proc; null where
   unavailable) between the first scrape that shows a batch and the one that shows every rate, so
-  up to 0.1 s of its first work is missed and up to 0.1 s of idle at the end is included. The agent's fetch (aiokafka inside Faust) and decode are not
-  instrumented; it reads the same bytes with the same reader, so its decode costs about
-  `raw_decode_seconds`.
+  up to 0.1 s of its first work is missed and up to 0.1 s of idle at the end is included. The
+  agent's fetch (aiokafka inside Faust) and decode are not instrumented; it reads the same bytes
+  with the same reader, so its decode costs about `raw_decode_seconds`.
 - `numpy_seconds`, `numpy_events_per_s` = N / `numpy_seconds`: `aggregate_per_key` (sort by
   (key, time), then per key: count, mean and CV of the inter-arrival gaps, as the agent defines
   them) over the decoded key strings and event times already in memory; best of 3 runs. Building

@@ -161,10 +161,10 @@ class Dispatcher:
         self.registry.register(_DispatcherCollector(self))
         self._apply_lock = threading.Lock()
         self._key_groups: KeyGroups | None = None
+        """Keys' sibling groups remembered across plan versions (used under `_apply_lock`)."""
         self._retired: list[RoutingTable] = []
         """Tables replaced by the last swap, emptied a slice at a time by the next `apply_plan`
         (freeing a 60k-key table in one go holds the GIL for about half a millisecond)."""
-        """Keys' sibling groups remembered across plan versions (used under `_apply_lock`)."""
         self._mode_lock = threading.Lock()
         self._interval_s = self.config.control_interval_s
         self._mode = "no_plan"

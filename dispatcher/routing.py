@@ -243,7 +243,7 @@ now, not an hour ago (2.0 instead: the same capacity on the conversation trace, 
 against 0.616)."""
 _COLD_CACHE_KEYS = 1 << 16
 """Entries kept in each of a router's per-key memories (cold keys' ring positions, contexts,
-spill homes); a full one starts over empty (`Router._retire`)."""
+spill homes); a full one starts over empty (`Router._kept`)."""
 _FIELD = (1 << 24) - 1
 """A destination index or ring position in a packed memory entry (24 bits; `_cold_entry`)."""
 _PROMPT_FIELD = (1 << 40) - 1
@@ -563,7 +563,7 @@ class Router:
         """Per destination: how many keys have it as their spill home (`_new_home`)."""
         self._retiring: list[Any] = []
         """Full per-key memories replaced by empty ones, freed a few entries at a time
-        (`_retire`, `_shed`)."""
+        (`_kept`, `_shed`)."""
         self._prefixes = (
             PrefixIndex(len(self.names), self.prefix_blocks) if self.prefix_blocks > 0 else None
         )
@@ -699,13 +699,11 @@ class Router:
         d = self._new_home(key) if key not in self._homes else -1
         if d < 0:
             d = self._cold(key, ctx)
-        if len(self._homes) >= _COLD_CACHE_KEYS:
-            self._retire(self._homes)
-            self._homes = presized_dict(_COLD_CACHE_KEYS)
+        homes = self._kept(self._homes)
+        if homes is not self._homes:  # it was full: started over, so no key has a home
+            self._homes = homes
             self._home_keys = [0] * len(self.names)
-        elif self._retiring:
-            self._shed()
-        old = self._homes.get(key, -1)
+        old = homes.get(key, -1)
         if old != d:
             if old >= 0:
                 self._home_keys[old] -= 1
@@ -755,11 +753,7 @@ class Router:
             d = second if second >= 0 and homes[second] < homes[first] else first
             if not self.up[d] or self.inflight[d] >= bound:
                 return -1
-        if len(self._cold_start) >= _COLD_CACHE_KEYS:
-            self._retire(self._cold_start)
-            self._cold_start = presized_dict(_COLD_CACHE_KEYS)
-        elif self._retiring:
-            self._shed()
+        self._cold_start = self._kept(self._cold_start)
         self._cold_start[key] = _cold_entry(start, d, h)  # later cold routes start there
         return d
 
@@ -887,11 +881,7 @@ class Router:
             with self._prefix_lock:
                 lengths = self._prefixes.match(list(blocks or ()))
         if seen < 0:
-            if len(self._cold_start) >= _COLD_CACHE_KEYS:
-                self._retire(self._cold_start)
-                self._cold_start = presized_dict(_COLD_CACHE_KEYS)
-            elif self._retiring:
-                self._shed()
+            self._cold_start = self._kept(self._cold_start)
             h = ring_hash(key)
             start = bisect.bisect_left(self._ring_points, h)
             if lengths is not None:
@@ -975,18 +965,24 @@ class Router:
         except Exception:  # a hostile block list (not ints): no memory of it, no crash
             log.debug("remember(%r): blocks not recorded", index, exc_info=True)
 
-    def _retire(self, memory: Any) -> None:
-        """Set a full per-key memory aside to be freed by `_shed`, a few entries per insert.
+    def _kept(self, memory: dict[str, int]) -> dict[str, int]:
+        """The per-key memory to insert into: `memory`, or when it is full an empty one that
+        replaces it (its caller stores it), while the full one is set aside for `_shed` to free a
+        few entries per later insert. Called before each insert into a memory.
 
-        Its caller replaces it with an empty one, so routing is exactly as if it were cleared;
-        the new one is made with room for a full memory (`presized_dict`): one that filled once
-        is likely to fill again, and grown from empty it would copy up to 43,690 entries at a
-        time on the requests that make it resize.
-        Why not `clear()`: freeing 65,536 entries of (int, int, int) tuples at once took 2-6 ms
-        with the GIL held, on the request path of whichever request found the memory full (seen
-        as a 5-6 ms stall of a routing thread in `bench dispatcher`).
+        Routing is exactly as if a full memory were cleared. Why not `clear()`: freeing 65,536
+        entries of (int, int, int) tuples at once took 2-6 ms with the GIL held, on the request
+        path of whichever request found the memory full (seen as a 5-6 ms stall of a routing
+        thread in `bench dispatcher`). The new memory is made with room for a full one
+        (`presized_dict`): one that filled once is likely to fill again, and grown from empty it
+        would copy up to 43,690 entries at a time on the requests that make it resize.
         """
-        self._retiring.append(memory)
+        if len(memory) >= _COLD_CACHE_KEYS:
+            self._retiring.append(memory)
+            return presized_dict(_COLD_CACHE_KEYS)
+        if self._retiring:
+            self._shed()
+        return memory
 
     def _shed(self) -> None:
         """Free up to `_SHED_PER_INSERT` entries of the retired memories (never raises)."""
@@ -999,7 +995,7 @@ class Router:
                         retiring.pop()
                     return
                 old.popitem()
-        except (IndexError, KeyError, ValueError):  # another thread freed the same entries
+        except (IndexError, KeyError):  # another thread freed the same entries
             return
 
     def _cold_bound(self) -> int:
@@ -1110,11 +1106,7 @@ class Router:
         """
         ctx = session if isinstance(session, str) else key
         cached = self._cached(self._context.get(ctx, -1), index)
-        if len(self._context) >= _COLD_CACHE_KEYS:
-            self._retire(self._context)
-            self._context = presized_dict(_COLD_CACHE_KEYS)
-        elif self._retiring:
-            self._shed()
+        self._context = self._kept(self._context)
         uncached = prompt_tokens - cached if prompt_tokens > cached else 0
         self._inserted[index] += uncached
         self._context[ctx] = _context_entry(index, prompt_tokens, self._inserted[index])
@@ -1290,13 +1282,12 @@ def table_from_plan(
     numpy maps the plan's destination indices to this gateway's and finds each key's single
     target (-1: several, or none known here) in one pass; the dict (up to `ONE_DICT_MAX_KEYS`
     keys: made at its final size, `presized_dict`, then one `dict.update` per slice) or the
-    shard dicts (key by key) are then filled in plan
-    order, `yield_every` keys at a time with `pause()` between slices (the dispatcher passes a
-    GIL yield paced by time), so a background build never holds the GIL for long. (Measured:
-    bucketing the keys by shard first and filling each shard with one `dict(zip(...))` is no
-    faster - gathering the key objects out of plan order misses the cache on every key.) A key
-    listed twice (no planner
-    writes one) ends where its later occurrence says. `key_groups` (the dispatcher keeps one
+    shard dicts (key by key) are then filled in plan order, `yield_every` keys at a time with
+    `pause()` between slices (the dispatcher passes a GIL yield paced by time), so a background
+    build never holds the GIL for long. (Measured: bucketing the keys by shard first and filling
+    each shard with one `dict(zip(...))` is no faster - gathering the key objects out of plan
+    order misses the cache on every key.) A key listed twice (no planner writes one) ends where
+    its later occurrence says. `key_groups` (the dispatcher keeps one
     across versions) remembers each key's sibling group, so only keys new to this gateway are
     split (`KeyGroups`); it is used only when its separator is the plan's.
     """
