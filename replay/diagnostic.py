@@ -69,6 +69,7 @@ import numpy as np
 
 from cacheroute.planner.admission import admit, replica_counts
 from cacheroute.planner.kernels import python_kernels
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.replay.jit import njit
 from cacheroute.replay.planned import rendezvous_order
 from cacheroute.replay.policy import WARM_SLOTS, key_hashes
@@ -481,7 +482,7 @@ def diagnose(
     pinned_for_loss: float = 0.5,
     q_cap: float | None = None,
     warm_slots: int = WARM_SLOTS,
-    fair_share: float | None = 1.0,
+    fair_share: float | None = DEFAULT_FAIR_SHARE,
     gateways: int = 1,
     cold_affinity: bool = True,
     cold_load_factor: float = 1.25,

@@ -56,6 +56,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from cacheroute.dispatcher.routing import DEFAULT_SPILL_MIN_INFLIGHT
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.replay.diagnostic import Diagnosis, Verdict, diagnose
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.fleet import FleetConfig
@@ -134,7 +135,7 @@ class EvalConfig:
     """Control intervals per replay (the interval is the replay's duration / this)."""
     oracle: bool = False
     rate_decay: float = 1.0
-    fair_share: float | None = 1.0
+    fair_share: float | None = DEFAULT_FAIR_SHARE
     """cacheroute's fair-share sizing (None: the paper's k_b rule only)."""
     group_separator: str | None = "/"
     """cacheroute's sibling co-location (None: plain LPT)."""

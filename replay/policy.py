@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cacheroute.dispatcher.routing import DEFAULT_SPILL_MIN_INFLIGHT
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
@@ -62,7 +63,7 @@ class PlanConfig:
     """Per-interval decay of observed counts: 1.0 = all requests so far, d < 1 = recent window."""
     hysteresis: float = 0.2
     imbalance_tolerance: float = 1.05
-    fair_share: float | None = 1.0
+    fair_share: float | None = DEFAULT_FAIR_SHARE
     """Split keys above this multiple of the mean destination load (None: the paper's k_b rule)."""
     group_separator: str | None = "/"
     """Co-locate sibling keys (same text before the last separator); None: plain LPT."""

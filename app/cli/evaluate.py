@@ -33,6 +33,7 @@ from rich.table import Table
 
 from cacheroute.cli.options import json_option, q_cap_option, time_ms, warm_slots_option
 from cacheroute.errors import CacheRouteError
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.progress import progress_bar
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.evaluate import (
@@ -318,7 +319,7 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
 @click.option("--rate-decay", default=1.0, show_default=True, help="1 = all rates so far.")
 @click.option(
     "--fair-share",
-    default=1.0,
+    default=DEFAULT_FAIR_SHARE,
     show_default=True,
     type=click.FloatRange(min=0),
     help="cacheroute: split keys above this x the mean load; 0: the paper's k_b.",
@@ -996,6 +997,7 @@ _CONV_TRACE = Path("tests/data/traces/conversation_mooncake_6000.jsonl")
 _DEMO_RECORDED = Path("tests/data/traces/demo_recorded_5930.jsonl")
 _CHAT_SHAPE = Path("tests/data/traces/chat_shape_6000.jsonl")
 _CHAT_SAMPLED = Path("tests/data/traces/chat_sampled_6000.jsonl")
+_TENANT_CHAT = Path("tests/data/traces/tenant_chat_6000.jsonl")
 _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
     ("Whale workload", "whale", "whale", None),
     ("Paper-like workload", "paper", "paper", None),
@@ -1028,6 +1030,13 @@ _FLEET_SOURCES: tuple[tuple[str, str, str | None, Path | None], ...] = (
         "chat-sampled",
         None,
         _CHAT_SAMPLED,
+    ),
+    (
+        "Chat trace of 8 tenants behind 4-block system prompts (the first 2 blocks name a "
+        "tenant: a handful of heavy keys, conversations kept apart by session hints; default keys)",
+        "tenant-chat",
+        None,
+        _TENANT_CHAT,
     ),
     (
         "Demo traffic recorded by real gateways (`evaluate --topic`: 40 s, 50 tenants, "

@@ -34,6 +34,7 @@ from cacheroute.planner import (
     plan_from_dict,
     plan_to_dict,
 )
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.settings import Settings
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ def read_plan(path: Path) -> Plan:
 @click.option(
     "--fair-share",
     type=click.FloatRange(min=0),
-    default=1.0,
+    default=DEFAULT_FAIR_SHARE,
     show_default=True,
     help="Split keys above this x the mean destination load; 0: the paper's k_b rule.",
 )

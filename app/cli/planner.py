@@ -55,7 +55,7 @@ def _config_help() -> str:
 @click.option(
     "--fair-share",
     type=click.FloatRange(min=0),
-    help="Split keys above this x the mean destination load; 0: the paper's k_b [1].",
+    help="Split keys above this x the mean destination load; 0: the paper's k_b [0.5].",
 )
 @click.option(
     "--group-separator",

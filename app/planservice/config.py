@@ -29,6 +29,7 @@ from cacheroute.errors import ConfigError
 from cacheroute.planner import Destination, PlannerError, PlannerParams
 from cacheroute.planner.advisor import DEFAULT_REWARM_S
 from cacheroute.planner.inputs import normalize_destinations
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.planner.protocol import DEFAULT_MAX_CHUNK_BYTES, HARD_MAX_CHUNK_BYTES
 from cacheroute.planner.smoothing import SmoothingParams
 from cacheroute.planner.work import DEFAULT_WORK_UNIT_TOKENS
@@ -94,8 +95,6 @@ class PlannerServiceConfig:
         return f"{topic_prefix}{self.group}"
 
 
-DEFAULT_FAIR_SHARE = 1.0
-"""Deployed default: no replica of a key carries more than the mean destination load."""
 DEFAULT_GROUP_SEPARATOR = "/"
 """Deployed default: `tenant/conversation` keys of one tenant are co-located."""
 
@@ -114,7 +113,7 @@ CONFIG_KEYS: dict[str, str] = {
     "imbalance_tolerance": "max/mean expected load re-planning aims for (default 1.05)",
     "hysteresis": "admission hysteresis h in [0, 1) (default 0.2)",
     "admission": "'rate' or 'bytes' (default rate)",
-    "fair_share": "split keys above this x the mean destination load; 0: the paper's k_b (default 1)",
+    "fair_share": "split keys above this x the mean destination load; 0: the paper's k_b (default 0.5)",
     "group_separator": "co-locate keys with the same text before the last one; '': off (default '/')",
     "work_unit_tokens": "plan on work: weigh keys by 1 + uncached prompt tokens / this; 0: on "
     "request counts (default 512)",

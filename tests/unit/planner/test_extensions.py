@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from cacheroute.planner import Destination, PlannerParams, build_plan, reference_build_plan
 from cacheroute.planner.errors import PlannerError
 from cacheroute.planner.kernels import compiled, python_kernels
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.planner.protocol import decode_chunks, encode_plan, plan_from_records
 from cacheroute.planner.siblings import group_of, sibling_groups
 from cacheroute.schemas import PlanHeader, codec_for
@@ -57,6 +58,25 @@ def test_fair_share_splits_a_whale_below_the_knee() -> None:
     assert fair.replicas()[0] == math.ceil(8.0 / 3.0)  # 3 replicas of 2.67 <= the mean 3
     assert fair.max_over_mean() <= 3.25 / 3  # 2.67 + one 0.25 key: the granularity of LPT
     assert list(fair.replicas()[1:]) == [1] * 40  # keys below the mean are untouched
+
+
+def test_half_the_mean_lets_lpt_balance_few_keys_that_the_whole_mean_cannot() -> None:
+    # Hand-derived, 4 destinations, mean load 1, the knee out of the way. At the whole mean: A and
+    # B (1.5 each) get 2 replicas of 0.75, C (1.0) one of 1.0; LPT in rate order puts A on d0 d1,
+    # B on d2 d3 and C on d0: loads 1.75 0.75 0.75 0.75. At half the mean (the deployed default):
+    # A and B 3 replicas of 0.5, C 2 of 0.5; A on d0 d1 d2, B on d3 d0 d1, C on d2 d3: all 1.0.
+    keys, rates = ["A", "B", "C"], [1.5, 1.5, 1.0]
+    dests = DESTS[:4]
+    whole = build_plan(keys, rates, dests, PlannerParams(q_cap=100.0, warm_slots=8, fair_share=1.0))
+    half = build_plan(
+        keys, rates, dests, PlannerParams(q_cap=100.0, warm_slots=8, fair_share=DEFAULT_FAIR_SHARE)
+    )
+    assert DEFAULT_FAIR_SHARE == 0.5
+    assert whole.replicas().tolist() == [2, 2, 1]
+    assert whole.loads.tolist() == [1.75, 0.75, 0.75, 0.75]
+    assert half.replicas().tolist() == [3, 3, 2]
+    assert half.loads.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert half.assignments() == {"A": (0, 1, 2), "B": (3, 0, 1), "C": (2, 3)}
 
 
 def test_fair_share_never_raises_the_cap_above_q_cap() -> None:

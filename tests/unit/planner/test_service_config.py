@@ -86,7 +86,7 @@ def test_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
 def test_planner_extensions_are_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
     base = {"destinations": 4, "q_cap": 8.0, "warm_slots": 10}
     deployed = load_service_config(None, base)
-    assert (deployed.params.fair_share, deployed.params.group_separator) == (1.0, "/")
+    assert (deployed.params.fair_share, deployed.params.group_separator) == (0.5, "/")
     paper = load_service_config(None, base | {"fair_share": 0.0, "group_separator": ""})
     assert (paper.params.fair_share, paper.params.group_separator) == (None, None)
     path = write(

@@ -10,6 +10,7 @@ import pytest
 from cacheroute.dispatcher.prefixes import PrefixIndex
 from cacheroute.dispatcher.routing import Router, RoutingTable
 from cacheroute.planner import Plan
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.replay.baselines import Chwbl, FlatLB, Sticky
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
@@ -235,7 +236,7 @@ def test_cacheroute_adds_fair_share_and_siblings_to_algorithm_1(
     assert ours.plan is not None
     assert paper.plan.params.fair_share is None
     assert paper.plan.params.group_separator is None
-    assert ours.plan.params.fair_share == 1.0
+    assert ours.plan.params.fair_share == DEFAULT_FAIR_SHARE == 0.5
     assert ours.plan.params.group_separator == "/"
     # The biggest whale (~9% of the rate, > the mean load of one of 16 destinations) is split only
     # by fair-share sizing.
@@ -256,7 +257,8 @@ def test_cacheroute_plans_on_uncached_work_as_the_planner_service_does() -> None
     """Two keys at 1 req/s each: `light` declares its whole 1,024-token prompt reusable (cost 1),
     `heavy` declares none of it (cost 1 + 1,024 / 512 = 3). Planned on work their rates are
     2 r * 1/4 and 2 r * 3/4; on request counts r and r. With 4 destinations and the knee out of
-    the way, fair-share sizing (no replica above the mean load, 2 r / 4) gives `heavy` 3 replicas
+    the way, fair-share sizing at the whole mean (no replica above the mean load, 2 r / 4; the
+    default half of it would give `heavy` all 4 destinations either way) gives `heavy` 3 replicas
     on work and 2 on request counts."""
     n = 20
     q = make_request_set(
@@ -271,7 +273,9 @@ def test_cacheroute_plans_on_uncached_work_as_the_planner_service_does() -> None
     )
     rates = {}
     for on_work in (True, False):
-        p = CacheRoute(ctx_for(q, 4, q_cap=100.0, oracle=True, plan_on_work=on_work))
+        p = CacheRoute(
+            ctx_for(q, 4, q_cap=100.0, oracle=True, plan_on_work=on_work, fair_share=1.0)
+        )
         assert p.plan is not None
         rates[on_work] = dict(zip(p.plan.keys, p.plan.rates.tolist(), strict=True))
         replicas = dict(zip(p.plan.keys, p.plan.replicas().tolist(), strict=True))
