@@ -16,6 +16,7 @@ from cacheroute.cli.options import q_cap_option, warm_slots_option
 from cacheroute.cli.plan import read_destinations
 from cacheroute.errors import ConfigError
 from cacheroute.kafkaio import check_credentials
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.planservice.config import CONFIG_KEYS, load_service_config
 from cacheroute.settings import Settings
 
@@ -55,7 +56,8 @@ def _config_help() -> str:
 @click.option(
     "--fair-share",
     type=click.FloatRange(min=0),
-    help="Split keys above this x the mean destination load; 0: the paper's k_b [0.5].",
+    help="Split keys above this x the mean destination load; 0: the paper's k_b "
+    f"[{DEFAULT_FAIR_SHARE:g}].",
 )
 @click.option(
     "--group-separator",

@@ -113,7 +113,8 @@ CONFIG_KEYS: dict[str, str] = {
     "imbalance_tolerance": "max/mean expected load re-planning aims for (default 1.05)",
     "hysteresis": "admission hysteresis h in [0, 1) (default 0.2)",
     "admission": "'rate' or 'bytes' (default rate)",
-    "fair_share": "split keys above this x the mean destination load; 0: the paper's k_b (default 0.5)",
+    "fair_share": "split keys above this x the mean destination load; 0: the paper's k_b "
+    f"(default {DEFAULT_FAIR_SHARE:g})",
     "group_separator": "co-locate keys with the same text before the last one; '': off (default '/')",
     "work_unit_tokens": "plan on work: weigh keys by 1 + uncached prompt tokens / this; 0: on "
     "request counts (default 512)",
