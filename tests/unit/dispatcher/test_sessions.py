@@ -94,3 +94,38 @@ def test_a_down_member_hands_its_sessions_to_the_others_only() -> None:
         assert d != lost
         if home != lost:
             assert d == home  # the others' sessions do not move
+
+
+def sole_gateway() -> Router:
+    r = Router(NAMES, rng=random.Random(0), prefix_blocks=8, cold_cost=True)
+    r.table = build_table(3, 0, [("tenant", MEMBERS)], NAMES, NAMES)
+    return r
+
+
+def test_a_sole_gateway_starts_a_conversation_on_the_least_loaded_member() -> None:
+    # Hand-derived: conv-7's rendezvous home and one other member hold 1 unit each, the third
+    # none; bound ceil(1.25 x (2 + 1) / 3) = 2. A gateway among several keeps the rendezvous
+    # home (1 < 2); a sole gateway (`cold_cost`), with no context for conv-7, starts it on the
+    # idle member.
+    home = _home("conv-7")
+    others = [NAMES.index(m) for m in MEMBERS if NAMES.index(m) != home]
+    for shared, expected in ((gateway(0), home), (sole_gateway(), others[1])):
+        shared.acquire(home, 1)
+        shared.acquire(others[0], 1)
+        assert shared.route_index("tenant", "conv-7") == expected
+
+
+def test_a_sole_gateway_keeps_a_conversation_where_its_context_is() -> None:
+    r = sole_gateway()
+    home = _home("conv-7")
+    other = next(NAMES.index(m) for m in MEMBERS if NAMES.index(m) != home)
+    assert r.work_units("tenant", other, 20 * 512, "conv-7") == 21  # turn 1 went to `other`
+    r.acquire(other, 4)  # 4 in flight there, 0 elsewhere: bound ceil(1.25 x 5 / 3) = 3
+    # past the bound alone, but 20 cached blocks buy 20 units of slack: it stays
+    assert r.route_index("tenant", "conv-7") == other
+    r.acquire(other, 30)  # 34 >= 3 + 20 (bound ceil(1.25 x 35 / 3) = 15, + 20 = 35): stays
+    assert r.route_index("tenant", "conv-7") == other
+    r.acquire(other, 10)  # 44 >= ceil(1.25 x 45 / 3) = 19, + 20 = 39: the least loaded member
+    d = r.route_index("tenant", "conv-7")
+    assert d != other
+    assert r.names[d] in MEMBERS
