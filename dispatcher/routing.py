@@ -850,11 +850,12 @@ class Router:
         With `cold_cost` (a sole gateway, which need agree with no other on where a conversation
         goes) a conversation this gateway has no context for goes to the least loaded member,
         and stays where its context is while that member is below the bound plus its slack
-        there; past it, the least loaded member. Rendezvous order only serves agreement among
-        gateways, and alone it sends a new conversation to its first member however busy that
-        one is up to the bound. On the tenant chat trace at one gateway (`--quick --seeds 3`) SLO
-        capacity 41.9 -> 46.0 req/s, hit rate 0.666 -> 0.700; the conversation trace with
-        default keys 69.7 -> 70.8; the Mooncake arXiv trace and both chat traces unchanged.
+        there; past it, the least loaded member (which then holds its context). Rendezvous order
+        only serves agreement among gateways, and alone it sends a new conversation to its first
+        member however busy that one is up to the bound. On the tenant chat trace at one gateway
+        (`--quick --seeds 3`) SLO capacity 41.9 -> 46.0 req/s, hit rate 0.666 -> 0.700; the
+        conversation trace with default keys 69.7 -> 70.8; the Mooncake arXiv trace and both
+        chat traces unchanged.
         """
         up, inflight, salts = self.up, self.inflight, self._salts
         total = n = 0
@@ -875,7 +876,12 @@ class Router:
                     and inflight[here] < bound + self._slack(session, here)
                 ):
                     return here, inflight[here]
-            return self._least_loaded(members)
+            best, load = self._least_loaded(members)  # n > 0: one is up
+            # its context is here now (no tokens yet: `work_units` adds them), so a gateway that
+            # passes no prompt tokens still keeps the conversation's next turns together
+            self._context = self._kept(self._context)
+            self._context[session] = _context_entry(best, 0, self._inserted[best])
+            return best, load
         h = ring_hash(session)
         ranked = sorted((m for m in members if up[m]), key=lambda m: _mix64(h ^ salts[m]))
         for m in reversed(ranked):

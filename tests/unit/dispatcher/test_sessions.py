@@ -129,3 +129,16 @@ def test_a_sole_gateway_keeps_a_conversation_where_its_context_is() -> None:
     d = r.route_index("tenant", "conv-7")
     assert d != other
     assert r.names[d] in MEMBERS
+
+
+def test_a_sole_gateway_keeps_turns_together_without_prompt_tokens() -> None:
+    # No `work_units` call (a library user who passes no prompt tokens): the first turn's member
+    # still holds the conversation's context, so later turns follow it while it is below the
+    # bound (ceil(1.25 x (units + 1) / 3)), even when another member is idle.
+    r = sole_gateway()
+    first = r.route_index("tenant", "conv-9")
+    r.acquire(first, 1)  # bound ceil(1.25 x 2 / 3) = 1: 1 < 1 is false, so it moves
+    moved = r.route_index("tenant", "conv-9")
+    assert moved != first
+    r.release(first, 1)
+    assert r.route_index("tenant", "conv-9") == moved  # idle everywhere: it stays where it went
