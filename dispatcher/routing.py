@@ -13,8 +13,9 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   a request that names its conversation (`session`, when the key is coarser, e.g. a tenant)
   instead goes to the first member, in the session's rendezvous order, below a CHWBL bound over
   T(b): a key's replicas then share its conversations, and each conversation stays where its
-  history is cached (with `cold_cost`, a sole gateway: a conversation new to it goes to the
-  least loaded member instead, see `_by_session`);
+  history is cached (with `cold_cost`, a sole gateway: every conversation of a planned key,
+  single-replica keys too, is placed by what it costs instead, like a cold key, and stays where
+  its context is while that replica is not overloaded, see `_conversation`);
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
   request, CHWBL's bound) and at least `spill_min_inflight` (4) requests' worth -> the cold
@@ -236,6 +237,20 @@ block missing there. Small on purpose: a placement's own prefill decides, and ch
 what would be ties (measured at one gateway, SLO capacity, req/s: 0.1 took the recorded demo
 traffic 322 -> 301, 0.03 to 330; 0 sent every tie to the first destination, request max/mean
 2.6)."""
+CONTEXT_CHURN_LIMIT = 1.5
+"""`Router.cold_cost`: past the load bound, a conversation keeps its context slack at a
+destination (may queue there for its warm cache) only while that destination's recent cache
+churn, less the conversation's own prompt blocks, is at most this x the mean of the live
+destinations' (`Router._conversation`). Preble's rebalancing rule in our units: a replica taking
+in far more new prefill than the others builds a queue that in-flight counts understate (the
+attention over long cached contexts and their decode steps are not in the units), and the
+conversations there wait behind it rather than recompute elsewhere. Its own blocks are left out
+so that a conversation never leaves a replica for the churn its own recompute caused there (with
+few conversations, it would move on every turn). Measured on the tenant chat trace at one
+gateway (`--quick --seeds 3`, SLO capacity req/s): no limit 51.3, 2.0 52.1, 1.5 53.8; the
+conversation trace with default keys 74.1 either way. (Applied below the bound too and with the
+conversation's own blocks counted, 2.0 measured 55.4, but that moves a lone conversation on
+every turn.)"""
 CHURN_HALF_LIFE = 0.2
 """`Router.cold_cost`: a destination's churn halves each time the cluster's caches together take
 in this share of their capacity (`prefix_blocks` x destinations, in blocks): about the time a
@@ -646,7 +661,10 @@ class Router:
             table = self.table
             if table is not None and not self.stale:
                 best = table.shards[hash(key) & table.mask].get(key)
-                if best is not None:  # single-replica key (the common case)
+                if best is not None and self.cold_cost and ctx != key:
+                    # a sole gateway's conversation of a single-replica key: placed by cost too
+                    best, load = self._conversation((best,), ctx, blocks)
+                elif best is not None:  # single-replica key (the common case)
                     if self.up[best]:
                         load = self.inflight[best]
                         if self.spill_home and (home := self._home(key, ctx, best, load)) >= 0:
@@ -662,11 +680,12 @@ class Router:
                     if members is None:
                         self.counts[1] += 1
                         return self._cold(key, ctx, blocks)
-                    best, load = (
-                        self._least_loaded(members)
-                        if ctx is key or ctx == key
-                        else self._by_session(members, ctx)
-                    )
+                    if ctx is key or ctx == key:
+                        best, load = self._least_loaded(members)
+                    elif self.cold_cost:
+                        best, load = self._conversation(members, ctx, blocks)
+                    else:
+                        best, load = self._by_session(members, ctx)
                 if best < 0:
                     self.counts[2] += 1
                     return self._cold(key, ctx, blocks)
@@ -847,15 +866,6 @@ class Router:
         trace keyed by system prompt: a third less capacity than a prefix-matching router).
         Past the bound on every member: the least loaded.
 
-        With `cold_cost` (a sole gateway, which need agree with no other on where a conversation
-        goes) a conversation this gateway has no context for goes to the least loaded member,
-        and stays where its context is while that member is below the bound plus its slack
-        there; past it, the least loaded member (which then holds its context). Rendezvous order
-        only serves agreement among gateways, and alone it sends a new conversation to its first
-        member however busy that one is up to the bound. On the tenant chat trace at one gateway
-        (`--quick --seeds 3`) SLO capacity 41.9 -> 46.0 req/s, hit rate 0.666 -> 0.700; the
-        conversation trace with default keys 69.7 -> 70.8; the Mooncake arXiv trace and both
-        chat traces unchanged.
         """
         up, inflight, salts = self.up, self.inflight, self._salts
         total = n = 0
@@ -866,28 +876,73 @@ class Router:
         if n == 0:
             return -1, 0
         bound = math.ceil(self.cold_load_factor * (total + 1) / n)
-        if self.cold_cost:
-            context = self._context.get(session, -1)
-            if context >= 0:
-                here = context & _FIELD
-                if (
-                    here in members
-                    and up[here]
-                    and inflight[here] < bound + self._slack(session, here)
-                ):
-                    return here, inflight[here]
-            best, load = self._least_loaded(members)  # n > 0: one is up
-            # its context is here now (no tokens yet: `work_units` adds them), so a gateway that
-            # passes no prompt tokens still keeps the conversation's next turns together
-            self._context = self._kept(self._context)
-            self._context[session] = _context_entry(best, 0, self._inserted[best])
-            return best, load
         h = ring_hash(session)
         ranked = sorted((m for m in members if up[m]), key=lambda m: _mix64(h ^ salts[m]))
         for m in reversed(ranked):
             if inflight[m] < bound + self._slack(session, m):
                 return m, inflight[m]
         return self._least_loaded(members)
+
+    def _conversation(
+        self, members: tuple[int, ...], session: str, blocks: Sequence[int] | None
+    ) -> tuple[int, int]:
+        """(destination, its load) for one conversation of a planned key at a sole gateway
+        (`cold_cost`); (-1, 0): nowhere (no member is up and the prompt gave no placement).
+
+        A sole gateway sees all the traffic and need agree with no other gateway on where a
+        conversation goes, so it treats each conversation as Preble does a request, with the
+        plan as the prior:
+        * it stays where its context is, on T(b) or not, while that destination is below the
+          cluster's cold bound (CHWBL's, over all live destinations) - or below the bound plus
+          the conversation's context slack there while that destination's recent cache churn,
+          less the conversation's own prompt blocks, is at most `CONTEXT_CHURN_LIMIT` x the
+          mean (the slack is a licence to queue for a warm cache, revoked where the queue is
+          growing fastest);
+        * else (a new conversation, or one that must move) it is placed like a cold key:
+          among the live destinations under the bound, where its prompt's missing blocks plus
+          `CHURN_WEIGHT` x recent churn cost least (`_by_cost`). T(b) holds the key's prefix,
+          so its members win unless they are busier than that prefix is worth;
+        * without the prompt's blocks: the least loaded live member of T(b).
+        The destination then holds the conversation's context (no tokens yet: `work_units`
+        adds them), so a caller that passes no prompt tokens still keeps its turns together.
+
+        Why: keeping a conversation on T(b) by member load alone (what gateways among several
+        must do to agree) left the few replicas of a heavy tenant with queues of long-context
+        turns (at 53 req/s the slowest 1% waited 30 s for 0.6 s of prefill each; preble's, 14
+        s). On the tenant chat trace at one gateway (`--quick --seeds 3`) SLO capacity
+        46.0 -> 53.8 req/s (preble 56.3), the first draw of that shape 44.2 -> 55.2 (preble
+        57.7), the conversation trace with default keys 70.8 -> 74.1; the Mooncake arXiv and
+        chat-sampled traces and the synthetic workloads unchanged.
+        """
+        up, inflight = self.up, self.inflight
+        live = self.live
+        if not live:
+            return -1, 0
+        bound = self._cold_bound()
+        context = self._context.get(session, -1)
+        if context >= 0:
+            here = context & _FIELD
+            if up[here]:
+                load = inflight[here]
+                if load < bound:
+                    return here, load
+                if load < bound + self._slack(session, here):
+                    limit = CONTEXT_CHURN_LIMIT * sum(self.churn(x) for x in live)
+                    own = len(blocks) if blocks else 0  # at most what it put there itself
+                    if (self.churn(here) - own) * len(live) <= limit:
+                        return here, load
+        best = -1
+        if blocks and self._prefixes is not None:
+            with self._prefix_lock:
+                lengths = self._prefixes.match(list(blocks))
+            best = self._by_cost(lengths, len(blocks), bound)
+        if best < 0:
+            best, _ = self._least_loaded(members)
+            if best < 0:
+                return -1, 0
+        self._context = self._kept(self._context)
+        self._context[session] = _context_entry(best, 0, self._inserted[best])
+        return best, inflight[best]
 
     def route(self, key: object, session: object = None) -> str:
         """The destination name for `key` (and the request's `session`, see `route_index`)."""

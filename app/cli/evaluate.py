@@ -446,8 +446,10 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "--cold-cost",
     "cacheroute: a cold key that has to be placed (new with no prompt-prefix home, or its "
     "context gone where it went last) goes where its prompt's missing blocks plus that "
-    "replica's recent cache churn cost least, instead of its hashed destinations (for a gateway "
-    "that sees all the traffic; with prefix affinity); auto: on at one gateway only.",
+    "replica's recent cache churn cost least, instead of its hashed destinations; so does each "
+    "conversation of a planned key (session hints), which then stays where its context is "
+    "unless that replica is overloaded (for a gateway that sees all the traffic; with prefix "
+    "affinity); auto: on at one gateway only.",
 )
 @_sole_gateway_option(
     "--context-home",

@@ -85,7 +85,9 @@ def _config_help() -> str:
     help="This is the cluster's only gateway: its in-flight counts are the backends' real loads, "
     "so a planned key may balance between its planned backend and where it last spilled, "
     "a conversation the new plan admits stays where its history is cached while that is cheaper, "
-    "and a new conversation starts where its prompt's leading blocks went (prefix affinity).",
+    "a new conversation starts where its prompt's leading blocks went (prefix affinity), and "
+    "each conversation of a planned key goes where its missing blocks cost least and stays with "
+    "its context unless that backend is overloaded.",
 )
 @click.option(
     "--cache-tokens",

@@ -116,17 +116,18 @@ def test_a_sole_gateway_starts_a_conversation_on_the_least_loaded_member() -> No
 
 
 def test_a_sole_gateway_keeps_a_conversation_where_its_context_is() -> None:
+    # A sole gateway's bound is the cold path's, over all 5 live destinations:
+    # ceil(1.25 x (units in flight + 1) / 5).
     r = sole_gateway()
     home = _home("conv-7")
     other = next(NAMES.index(m) for m in MEMBERS if NAMES.index(m) != home)
     assert r.work_units("tenant", other, 20 * 512, "conv-7") == 21  # turn 1 went to `other`
-    r.acquire(other, 4)  # 4 in flight there, 0 elsewhere: bound ceil(1.25 x 5 / 3) = 3
-    # past the bound alone, but 20 cached blocks buy 20 units of slack: it stays
+    r.acquire(other, 4)  # bound ceil(1.25 x 5 / 5) = 2
+    # past the bound, but 20 cached blocks buy 20 units of slack (2 + 20 > 4) and no prompt
+    # blocks were remembered, so no destination has churned: it stays
     assert r.route_index("tenant", "conv-7") == other
-    r.acquire(other, 30)  # 34 in flight: bound ceil(1.25 x 35 / 3) = 15, + 20 = 35 > 34: stays
-    assert r.route_index("tenant", "conv-7") == other
-    r.acquire(other, 10)  # 44: bound ceil(1.25 x 45 / 3) = 19, + 20 = 39 <= 44: it moves to
-    # the least loaded member
+    r.acquire(other, 30)  # 34 in flight: bound ceil(1.25 x 35 / 5) = 9, + 20 = 29 <= 34: it
+    # moves, to the least loaded member (no prompt blocks to place it by)
     d = r.route_index("tenant", "conv-7")
     assert d != other
     assert r.names[d] in MEMBERS
@@ -135,12 +136,77 @@ def test_a_sole_gateway_keeps_a_conversation_where_its_context_is() -> None:
 def test_a_sole_gateway_keeps_turns_together_without_prompt_tokens() -> None:
     # No `work_units` call (a library user who passes no prompt tokens): the member a turn went
     # to holds the conversation's context, so later turns follow it while it is below the bound
-    # (ceil(1.25 x (units + 1) / 3)) instead of taking whichever member is least loaded.
+    # (ceil(1.25 x (units + 1) / 5)) instead of taking whichever member is least loaded.
     r = sole_gateway()
     first = r.route_index("tenant", "conv-9")
-    r.acquire(first, 1)  # bound ceil(1.25 x 2 / 3) = 1: 1 < 1 is false, so it moves
+    r.acquire(first, 1)  # bound ceil(1.25 x 2 / 5) = 1: 1 < 1 is false, no slack: it moves
     moved = r.route_index("tenant", "conv-9")
     assert moved != first
+    assert r.names[moved] in MEMBERS
     r.release(first, 1)
     # idle everywhere: least loaded would pick any of three; it stays where it went, every time
     assert {r.route_index("tenant", "conv-9") for _ in range(20)} == {moved}
+
+
+def test_a_sole_gateway_starts_a_conversation_where_its_prompt_costs_least() -> None:
+    r = sole_gateway()
+    r.remember(2, [1, 2])  # the tenant's system prompt went to d2 (2 blocks of churn there)
+    # conv-7's prompt [1, 2, 50, 51]: d2 misses 2 blocks (cost 2 + 0.03 x 2), the others all 4
+    assert r.route_index("tenant", "conv-7", [1, 2, 50, 51]) == 2
+    r.acquire(2, 2)  # bound ceil(1.25 x 3 / 5) = 1: d2 is past it
+    # conv-8: every other destination misses all 4 blocks and none has churned: the first live
+    # one, d0, although T(b) is d1, d2, d4 (a sole gateway need agree with no one on T(b))
+    assert r.route_index("tenant", "conv-8", [1, 2, 60, 61]) == 0
+    # a gateway among several keeps conv-8 on T(b): its rendezvous order, under T(b)'s bound
+    shared = gateway(0)
+    shared.acquire(2, 2)
+    assert shared.names[shared.route_index("tenant", "conv-8", [1, 2, 60, 61])] in MEMBERS
+
+
+@pytest.mark.parametrize(("busy", "stays"), [(1, False), (3, True)])
+def test_a_conversation_gives_up_its_slack_where_churn_is_far_above_the_mean(
+    busy: int, stays: bool
+) -> None:
+    # Churn halves every 0.2 x 5 destinations x 8 blocks = 8 blocks the cluster takes in.
+    r = sole_gateway()
+    r.remember(1, [1, 2])  # the tenant's prompt at d1: churn 2 (clock 2)
+    turn1 = [1, 2, 3, 4]
+    assert r.route_index("tenant", "conv-7", turn1) == 1  # misses 2 there, 4 elsewhere
+    r.remember(1, turn1)  # 2 new blocks: churn(d1) = 2 + 2 = 4 (clock 4)
+    assert r.work_units("tenant", 1, 20 * 512, "conv-7") == 21  # its context: 20 units of slack
+    r.remember(busy, list(range(100, 140)))  # 40 blocks of other conversations (clock 44)
+    r.acquire(1, 10)  # bound ceil(1.25 x 11 / 5) = 3 <= 10 < 3 + 20: only its slack keeps it
+    d = r.route_index("tenant", "conv-7", [*turn1, 5])
+    # busy d1: churn 4 + 40 = 44, the mean 44 / 5; (44 - its own 5 blocks) x 5 = 195 > 1.5 x 44:
+    # it moves, to the cheapest destination under the bound: all miss 5 blocks, none churned, d0.
+    # busy d3: churn(d1) = 4 x 0.5^(40 / 8) = 0.125, below its own 5 blocks: it stays.
+    assert d == (1 if stays else 0)
+
+
+def test_a_conversations_own_blocks_do_not_count_against_it() -> None:
+    # Alone on the cluster, a long conversation is the only churn there is; were its own blocks
+    # counted it would leave every replica it went to on its next turn past the bound.
+    r = sole_gateway()
+    prompt = list(range(1, 41))  # 40 blocks, none anywhere: cost 40 everywhere, d0 first
+    d = r.route_index("tenant", "conv-7", prompt)
+    assert d == 0
+    r.remember(d, prompt)  # churn(d0) = 40, all of it its own
+    assert r.work_units("tenant", d, 40 * 512, "conv-7") == 41  # 40 units of slack there
+    r.acquire(d, 5)  # bound ceil(1.25 x 6 / 5) = 2 <= 5 < 2 + 40
+    # (40 - its 41 blocks) x 5 < 0 <= 1.5 x 40: it stays
+    assert r.route_index("tenant", "conv-7", [*prompt, 41]) == d
+
+
+def test_a_sole_gateway_places_the_conversations_of_a_single_replica_key_too() -> None:
+    def router(sole: bool) -> Router:
+        r = Router(NAMES, rng=random.Random(0), prefix_blocks=8 if sole else 0, cold_cost=sole)
+        r.table = build_table(3, 0, [("solo", ["d3"])], NAMES, NAMES)
+        r.acquire(3, 1)  # bound ceil(1.25 x 2 / 5) = 1: d3 is at it
+        return r
+
+    # among several gateways every conversation of the key goes to its one replica (1 in flight
+    # is below the spill floor of 4)
+    assert router(False).route_index("solo", "c-1", [7, 8]) == 3
+    # a sole gateway places a new one like a cold key: d3 is at the bound; every other
+    # destination misses both blocks, none has churned: d0
+    assert router(True).route_index("solo", "c-1", [7, 8]) == 0
