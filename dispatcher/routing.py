@@ -13,9 +13,10 @@ The rules (the paper's dispatch step, our extensions and the fallbacks):
   a request that names its conversation (`session`, when the key is coarser, e.g. a tenant)
   instead goes to the first member, in the session's rendezvous order, below a CHWBL bound over
   T(b): a key's replicas then share its conversations, and each conversation stays where its
-  history is cached (with `cold_cost`, a sole gateway: every conversation of a planned key,
-  single-replica keys too, is placed by what it costs instead, like a cold key, and stays where
-  its context is while that replica is not overloaded, see `_conversation`);
+  history is cached (with `cold_cost`, a sole gateway: every conversation of a planned key, and
+  every single-replica planned key with or without one, is placed by what it costs instead, like
+  a cold key, and stays where its context is while that replica is not overloaded, see
+  `_conversation`; the `spill_home` and `context_home` rules below then do not apply);
 - ... unless that member is overloaded (our extension, `spill_factor`, default 2): it holds at
   least `spill_factor` x the mean in-flight count of the live destinations (counting this
   request, CHWBL's bound) and at least `spill_min_inflight` (4) requests' worth -> the cold
@@ -661,8 +662,8 @@ class Router:
             table = self.table
             if table is not None and not self.stale:
                 best = table.shards[hash(key) & table.mask].get(key)
-                if best is not None and self.cold_cost and ctx != key:
-                    # a sole gateway's conversation of a single-replica key: placed by cost too
+                if best is not None and self.cold_cost:
+                    # a sole gateway: a single-replica key (or its conversation) by cost too
                     best, load = self._conversation((best,), ctx, blocks)
                 elif best is not None:  # single-replica key (the common case)
                     if self.up[best]:
@@ -886,8 +887,10 @@ class Router:
     def _conversation(
         self, members: tuple[int, ...], session: str, blocks: Sequence[int] | None
     ) -> tuple[int, int]:
-        """(destination, its load) for one conversation of a planned key at a sole gateway
-        (`cold_cost`); (-1, 0): nowhere (no member is up and the prompt gave no placement).
+        """(destination, its load) for one conversation (`session`: a request's conversation,
+        or a single-replica key itself) of a planned key at a sole gateway (`cold_cost`);
+        (-1, 0): no member of T(b) is up (the caller takes the cold path, as without
+        `cold_cost`).
 
         A sole gateway sees all the traffic and need agree with no other gateway on where a
         conversation goes, so it treats each conversation as Preble does a request, with the
@@ -912,11 +915,15 @@ class Router:
         s). On the tenant chat trace at one gateway (`--quick --seeds 3`) SLO capacity
         46.0 -> 53.8 req/s (preble 56.3), the first draw of that shape 44.2 -> 55.2 (preble
         57.7), the conversation trace with default keys 70.8 -> 74.1; the Mooncake arXiv and
-        chat-sampled traces and the synthetic workloads unchanged.
+        chat-sampled traces and the synthetic workloads unchanged. Single-replica keys placed
+        so too (instead of their planned destination and spill home): whale 456 -> 478 (prefill
+        max/mean 1.07 -> 1.10), the conversation workload 68.7 -> 73.1 (preble 70.8), the
+        conversation trace with session keys 70.5 -> 73.7 (preble 66.4); paper-like 477 and
+        the traces above unchanged.
         """
         up, inflight = self.up, self.inflight
         live = self.live
-        if not live:
+        if not any(up[m] for m in members):  # T(b) is down: the caller's cold path (`plan_down`)
             return -1, 0
         bound = self._cold_bound()
         context = self._context.get(session, -1)
@@ -937,9 +944,7 @@ class Router:
                 lengths = self._prefixes.match(list(blocks))
             best = self._by_cost(lengths, len(blocks), bound)
         if best < 0:
-            best, _ = self._least_loaded(members)
-            if best < 0:
-                return -1, 0
+            best, _ = self._least_loaded(members)  # one is up
         self._context = self._kept(self._context)
         self._context[session] = _context_entry(best, 0, self._inserted[best])
         return best, inflight[best]

@@ -210,3 +210,13 @@ def test_a_sole_gateway_places_the_conversations_of_a_single_replica_key_too() -
     # a sole gateway places a new one like a cold key: d3 is at the bound; every other
     # destination misses both blocks, none has churned: d0
     assert router(True).route_index("solo", "c-1", [7, 8]) == 0
+    # and so the key's own requests when they name no conversation (the key is the
+    # conversation): then they stay where the first went while it is below the bound
+    r = router(True)
+    assert r.route_index("solo", None, [7, 8]) == 0
+    r.release(3, 1)  # idle: bound ceil(1.25 x 1 / 5) = 1, d0 at 0 is below it
+    assert [r.route_index("solo", None, [7, 8, 9]) for _ in range(3)] == [0, 0, 0]
+    r.mark_down("d3")  # its planned replica down: the cold path, counted as `plan_down`
+    before = r.counts[RouteKind.PLAN_DOWN]
+    r.route_index("solo", None, [7, 8])
+    assert r.counts[RouteKind.PLAN_DOWN] == before + 1
