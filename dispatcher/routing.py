@@ -939,9 +939,7 @@ class Router:
                     if (self.churn(here) - own) * len(live) <= limit:
                         return here, load
         best = -1
-        if blocks and self._prefixes is not None:
-            with self._prefix_lock:
-                lengths = self._prefixes.match(list(blocks))
+        if blocks and (lengths := self._match(blocks)) is not None:
             best = self._by_cost(lengths, len(blocks), bound)
         if best < 0:
             best, _ = self._least_loaded(members)  # one is up
@@ -953,6 +951,16 @@ class Router:
         """The destination name for `key` (and the request's `session`, see `route_index`)."""
         return self.names[self.route_index(key, session)]
 
+    def _match(self, blocks: Sequence[int]) -> list[int] | None:
+        """Per destination, how many of the prompt's leading `blocks` this gateway sent there
+        (`prefix_blocks`), or None when it keeps no prefix memory. One place takes the lock
+        that `remember` takes, so the cold path and conversation placement read alike."""
+        prefixes = self._prefixes
+        if prefixes is None:
+            return None
+        with self._prefix_lock:
+            return prefixes.match(list(blocks))
+
     def _cold(self, key: str, ctx: str | None = None, blocks: Sequence[int] | None = None) -> int:
         """The cold path: where the key's prompt went (`prefix_blocks`), the key's group, else
         bounded-load consistent hashing (or P2C)."""
@@ -962,11 +970,8 @@ class Router:
         # `_cold_bound()` written out: this path runs for every cold or spilled request
         bound = math.ceil(self.cold_load_factor * (self.total_inflight + 1) / len(live))
         seen = self._cold_start.get(key, -1)
-        lengths = None
         n = len(blocks) if blocks else 0
-        if n and self._prefixes is not None:
-            with self._prefix_lock:
-                lengths = self._prefixes.match(list(blocks or ()))
+        lengths = self._match(blocks) if n and blocks else None
         if seen < 0:
             self._cold_start = self._kept(self._cold_start)
             h = ring_hash(key)
