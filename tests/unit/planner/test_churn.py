@@ -243,3 +243,25 @@ def test_re_planning_invariants(seed: int, r: int, h: float, change: str, ours: 
                 if change == "remove" and 0 in old:
                     continue  # its destination d0 is gone: it must move
                 assert {names_before[d] for d in old} == {new_dests[d] for d in targets}
+
+
+def test_repack_when_single_moves_are_stuck() -> None:
+    """Hand-derived. Two destinations; a, b, c, d at 3, 3, 2, 2 are placed a, c -> d0 and b, d ->
+    d1 (5 each). Then b falls to 1: kept loads d0 = 5, d1 = 3, mean 4, bound 4.2. Shedding c
+    (the smallest replica covering d0's excess 0.8) and placing it again by LPT puts it back on d0
+    (equal loads 3 and 3: lower index), and no single replica on d0 fits d1's headroom of 1.2, so
+    single moves leave max/mean 1.25. Repacking in descending share order keeps a on d0 (3) and
+    d on d1 (2, after c has moved there: 4), moves c to d1 (d0 would be 5) and b to d0 (d1 would
+    be 5): 4 and 4, two keys moved."""
+    params = PlannerParams(q_cap=100.0, warm_slots=4)
+    keys = ["a", "b", "c", "d"]
+    prev = build_plan(keys, [3.0, 3.0, 2.0, 2.0], ["d0", "d1"], params)
+    assert keys_on(prev, "d0") == {"a", "c"}
+    assert keys_on(prev, "d1") == {"b", "d"}
+    new = build_plan(keys, [3.0, 1.0, 2.0, 2.0], ["d0", "d1"], params, prev=prev)
+    new.validate()
+    assert keys_on(new, "d0") == {"a", "b"}
+    assert keys_on(new, "d1") == {"c", "d"}
+    assert new.stats.balanced is True
+    assert new.max_over_mean() == pytest.approx(1.0)
+    assert set(plan_diff(prev, new).moved_keys) == {"b", "c"}
