@@ -1297,6 +1297,7 @@ _SHARED_STATE_SOURCES = (
     "conv-trace-kb2",
     "chat-shape",
     "chat-sampled",
+    "tenant-chat",
 )
 
 
