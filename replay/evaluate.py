@@ -45,18 +45,21 @@ bound, `slo_capacity_is_lower_bound`).
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from cacheroute.dispatcher.routing import DEFAULT_SPILL_MIN_INFLIGHT
-from cacheroute.planner.params import DEFAULT_FAIR_SHARE
+from cacheroute.planner.params import DEFAULT_FAIR_SHARE, PlannerParams
+from cacheroute.planner.smoothing import SmoothingParams
 from cacheroute.replay.diagnostic import Diagnosis, Verdict, diagnose
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.fleet import FleetConfig
@@ -85,6 +88,10 @@ DEFAULT_FACTORS = (0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.45)
 EXTEND_FACTOR = 1.2
 """A policy that still serves the top sweep load is run at x1.2 steps until it fails."""
 DEFAULT_SLO_MS = 2000.0
+PLANNER_INTERVAL_S = PlannerParams(q_cap=1.0, warm_slots=1).control_interval_s
+"""The planner service's control interval (seconds), which is also its rate window."""
+PLANNER_ALPHA = SmoothingParams().alpha
+"""The weight of the newest window in the planner service's per-key rate EWMA."""
 AUTO_SLO_MULTIPLE = 2.5
 """Auto SLO = this x the idle replica's p99 when that exceeds the default (module docstring)."""
 IDLE_UTILISATION = 0.001
@@ -132,9 +139,21 @@ class EvalConfig:
     """Without `q_cap`: q_cap = this x the measured knee."""
     warm_slots: int = WARM_SLOTS
     intervals: int = 15
-    """Control intervals per replay (the interval is the replay's duration / this)."""
+    """At least this many control intervals per replay (the interval is the replay's duration /
+    this, or `control_interval_s` where that is shorter)."""
+    control_interval_s: float | None = PLANNER_INTERVAL_S
+    """The planner service's control interval (`planner run`, 60 s), in replay seconds: a
+    replay re-plans this often, or `intervals` times if that is more often (synthetic replays
+    last minutes, and a plan must come early). None: `intervals` times per replay only."""
+    max_intervals: int = 256
+    """At most this many control intervals per replay: a replay stretched to a low load (the knee
+    search, the bottom of a sweep) would otherwise re-plan once a minute for days of replay time."""
     oracle: bool = False
-    rate_decay: float = 1.0
+    rate_decay: float | None = None
+    """Per-interval weight of older rate counts: 1.0 = all requests so far, d < 1 = a recent
+    window. None: what the planner service does - its per-key EWMA folds one 60 s window per
+    interval with alpha 0.5, so counts halve every `PLANNER_INTERVAL_S` of replay time
+    (`rate_decay_for`)."""
     fair_share: float | None = DEFAULT_FAIR_SHARE
     """cacheroute's fair-share sizing (None: the paper's k_b rule only)."""
     group_separator: str | None = "/"
@@ -210,11 +229,38 @@ class EvalConfig:
             raise ReplayError("spill_factor must be >= 1 (or None: never spill)")
         if self.fair_share is not None and not self.fair_share > 0.0:
             raise ReplayError("fair_share must be > 0 (or None: the paper's k_b rule)")
+        if not 1 <= self.intervals <= self.max_intervals:
+            raise ReplayError("intervals must be >= 1 and <= max_intervals")
+        if self.control_interval_s is not None and not self.control_interval_s > 0.0:
+            raise ReplayError("control_interval_s must be > 0 (or None: `intervals` per replay)")
+        if self.rate_decay is not None and not 0.0 < self.rate_decay <= 1.0:
+            raise ReplayError("rate_decay must be in (0, 1] (or None: the planner service's EWMA)")
 
     def _sole_gateway_rule(self, setting: bool | None) -> bool:
         """A rule that needs a gateway's view to be the whole cluster's: as set, else on at one
         gateway only."""
         return setting if setting is not None else self.fleet.gateways == 1
+
+    def interval_s(self, requests: RequestSet) -> float:
+        """The replay's control interval on `requests`: duration / `intervals`, or
+        `control_interval_s` where that is shorter, but not below duration / `max_intervals`."""
+        duration = max(requests.duration, 1e-6)
+        interval = duration / self.intervals
+        cap = self.control_interval_s
+        return interval if cap is None else max(min(interval, cap), duration / self.max_intervals)
+
+    def rate_decay_for(self, requests: RequestSet) -> float:
+        """The per-interval decay of the rate counts on `requests`: `rate_decay` as set, else the
+        planner service's EWMA over replay time (old counts weigh 1 - alpha per planner window),
+        at the replay's interval."""
+        if self.rate_decay is not None:
+            return self.rate_decay
+        decay = (1.0 - PLANNER_ALPHA) ** (self.interval_s(requests) / PLANNER_INTERVAL_S)
+        return max(float(decay), 1e-12)  # > 0: an interval of hours keeps ~only its own counts
+
+    def intervals_for(self, requests: RequestSet) -> int:
+        """How many control intervals a replay of `requests` has."""
+        return max(1, math.ceil(max(requests.duration, 1e-6) / self.interval_s(requests) - 1e-9))
 
     @property
     def resolved_spill_home(self) -> bool:
@@ -414,8 +460,10 @@ class Evaluation:
                 "knee_slice_by": self.knee_slice_by,
                 "warm_slots": cfg.warm_slots,
                 "control_intervals_per_replay": cfg.intervals,
+                "control_interval_max_s": cfg.control_interval_s,
                 "oracle_rates": cfg.oracle,
                 "rate_decay": cfg.rate_decay,
+                "rate_half_life_s": PLANNER_INTERVAL_S if cfg.rate_decay is None else None,
                 "fair_share": cfg.fair_share,
                 "group_separator": cfg.group_separator,
                 "spill_factor": cfg.spill_factor,
@@ -502,15 +550,16 @@ class _Runner:
             hashes=self.hashes,
             sessions=self.sessions,
         )
-        result = simulate(
-            requests,
-            policy,
-            sim,
-            plan,
-            context=ctx,
-            fleet=self.cfg.fleet,
-            on_progress=self.reporter.advance,
-        )
+        with _quiet_planner():
+            result = simulate(
+                requests,
+                policy,
+                sim,
+                plan,
+                context=ctx,
+                fleet=self.cfg.fleet,
+                on_progress=self.reporter.advance,
+            )
         self.simulated += requests.n
         return result
 
@@ -518,9 +567,9 @@ class _Runner:
         return PlanConfig(
             q_cap=self.q_cap,
             warm_slots=self.cfg.warm_slots,
-            control_interval_s=max(requests.duration, 1e-6) / self.cfg.intervals,
+            control_interval_s=self.cfg.interval_s(requests),
             oracle=self.cfg.oracle,
-            rate_decay=self.cfg.rate_decay,
+            rate_decay=self.cfg.rate_decay_for(requests),
             fair_share=self.cfg.fair_share,
             group_separator=self.cfg.group_separator,
             spill_factor=self.cfg.spill_factor,
@@ -811,6 +860,23 @@ _WORKER: list[Any] = []
 """The worker process's runner and loads (set once by `_init_worker`)."""
 
 
+@contextmanager
+def _quiet_planner() -> Iterator[None]:
+    """Mute the planner's warnings below ERROR while a replay runs.
+
+    A sweep re-plans every control interval of every run (thousands of plans); the planner's
+    per-plan warnings (keys capped at R replicas) are for the planner service's operators, and
+    here they would flood `evaluate`'s terminal once per plan. The replay reports its plans in
+    its result; errors still show."""
+    log = logging.getLogger("cacheroute.planner")
+    old = log.level
+    log.setLevel(max(old, logging.ERROR))
+    try:
+        yield
+    finally:
+        log.setLevel(old)
+
+
 def _init_worker(runner: _Runner, loads: tuple[float, ...]) -> None:
     _WORKER[:] = [runner, loads]
 
@@ -934,7 +1000,7 @@ def evaluate(
         cold_affinity=config.cold_affinity,
         cold_load_factor=config.cold_load_factor,
         work_unit_tokens=config.work_unit_tokens,
-        intervals=config.intervals,
+        intervals=config.intervals_for(runner.at(reference)),
     )
     rep.advance(1)
     cr, fl = reports["cacheroute"], reports["flat-lb"]

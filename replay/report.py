@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cacheroute.replay.evaluate import Evaluation, PolicyReport
+from cacheroute.replay.evaluate import PLANNER_INTERVAL_S, EvalConfig, Evaluation, PolicyReport
 
 __all__ = [
     "Check",
@@ -71,6 +71,23 @@ def _top(p: PolicyReport) -> str:
     return "n/a" if top is None else f"{top.max_over_mean:.2f} @ {top.offered_qps:.0f}"
 
 
+def _replanning(cfg: EvalConfig) -> str:
+    """How the plan-based policies re-plan, in words."""
+    every = f"{cfg.intervals} times per replay"
+    if cfg.control_interval_s is not None:
+        every = (
+            f"every {cfg.control_interval_s:g} s of replay time or {every}, whichever is more often"
+        )
+    window = (
+        f"counts halving every {PLANNER_INTERVAL_S:g} s (the planner service's EWMA)"
+        if cfg.rate_decay is None
+        else "all counts so far"
+        if cfg.rate_decay >= 1.0
+        else f"counts decayed by {cfg.rate_decay:g} per interval"
+    )
+    return f"observed rates ({window}), re-planned {every}"
+
+
 def _slo_source(ev: Evaluation) -> str:
     """Whether the SLO was given, kept as the default or derived from an idle replica."""
     return "given" if ev.slo is None else ev.slo.rule
@@ -111,8 +128,7 @@ def render_run(ev: Evaluation, plots: Mapping[str, str], *, title: str, level: i
         f"{'off' if cfg.fair_share is None else f'{cfg.fair_share:g} x mean'}, sibling "
         f"co-location {'off' if cfg.group_separator is None else repr(cfg.group_separator)}, "
         f"spill {'off' if cfg.spill_factor is None else f'at {cfg.spill_factor:g} x mean'}; "
-        f"{'oracle rates' if cfg.oracle else 'rates observed so far, re-planned'} "
-        f"{'' if cfg.oracle else f'{cfg.intervals} times per replay'}.",
+        f"{'oracle rates' if cfg.oracle else _replanning(cfg)}.",
         f"Reference (matched) load: {ev.reference_qps:.0f} req/s, the highest sweep load "
         "Flat-LB still serves within the SLO. Hit rate, imbalance and p99 below are at that load.",
         "",

@@ -39,6 +39,7 @@ from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.evaluate import (
     AUTO_SLO_MULTIPLE,
     DEFAULT_SLO_MS,
+    PLANNER_INTERVAL_S,
     EvalConfig,
     Evaluation,
     calibrate,
@@ -314,9 +315,27 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     "W: keys planned per destination (C = R x W); the rest take the cold path.",
     default=WARM_SLOTS,
 )
-@click.option("--intervals", default=15, show_default=True, help="Re-plans per replay.")
+@click.option(
+    "--intervals",
+    default=15,
+    show_default=True,
+    help="Re-plans per replay at least (more where --control-interval-s is shorter).",
+)
+@click.option(
+    "--control-interval-s",
+    type=click.FloatRange(min=0),
+    default=PLANNER_INTERVAL_S,
+    show_default=True,
+    help="Re-plan at least this often in replay seconds (the planner service's interval); "
+    "0: --intervals times per replay only.",
+)
 @click.option("--oracle", is_flag=True, help="Plan once from the true rates.")
-@click.option("--rate-decay", default=1.0, show_default=True, help="1 = all rates so far.")
+@click.option(
+    "--rate-decay",
+    type=click.FloatRange(min=0, min_open=True, max=1),
+    help="Per-interval weight of older rate counts; 1 = all rates so far. [default: the planner "
+    "service's EWMA, counts halve every 60 s of replay time]",
+)
 @click.option(
     "--fair-share",
     default=DEFAULT_FAIR_SHARE,
@@ -738,6 +757,7 @@ def _make_run(
             q_cap_factor=opts.q_cap_factor,
             warm_slots=opts.warm_slots,
             intervals=opts.intervals,
+            control_interval_s=opts.control_interval_s or None,
             oracle=opts.oracle,
             rate_decay=opts.rate_decay,
             fair_share=opts.fair_share or None,
@@ -890,8 +910,10 @@ replay time-compressed to each load; traces are also tiled; a policy still withi
 top load goes on in x1.2 steps until it fails); takes the SLO capacity as the highest load whose
 p99 stays under the SLO (bisection between sweep points); quotes hit rate, imbalance (requests and
 prefill work) and p99 at the reference load (the highest sweep load Flat-LB still serves); and runs
-the workload-only diagnostic. Plans are rebuilt 15 times per replay from the per-key rates observed
-so far (no oracle). The first 20% of each replay is warm-up and not measured.
+the workload-only diagnostic. Plans are rebuilt as the planner service rebuilds them: every 60 s of
+replay time (or 15 times per replay where that is more often; at most 256), from per-key rates
+whose counts halve every 60 s, the planner's EWMA (no oracle). The first 20% of each replay is
+warm-up and not measured.
 """
 
 
@@ -923,8 +945,9 @@ class EvaluateOptions:
     q_cap_factor: float
     warm_slots: int
     intervals: int
+    control_interval_s: float
     oracle: bool
-    rate_decay: float
+    rate_decay: float | None
     fair_share: float
     group_separator: str
     spill_factor: float

@@ -289,6 +289,12 @@ def test_bad_extension_settings_are_refused() -> None:
         EvalConfig(spill_factor=0.5)
     with pytest.raises(ReplayError, match="fair_share"):
         EvalConfig(fair_share=0.0)
+    with pytest.raises(ReplayError, match="intervals"):
+        EvalConfig(intervals=0)
+    with pytest.raises(ReplayError, match="control_interval_s"):
+        EvalConfig(control_interval_s=0.0)
+    with pytest.raises(ReplayError, match="rate_decay"):
+        EvalConfig(rate_decay=1.5)
 
 
 def test_worker_processes_give_the_same_evaluation(
@@ -310,3 +316,27 @@ def test_worker_processes_give_the_same_evaluation(
         assert other.at_reference.to_dict() == p.at_reference.to_dict()
     with pytest.raises(ReplayError, match="jobs"):
         EvalConfig(jobs=0)
+
+
+def test_replay_replans_at_the_planner_services_cadence(tiny_factory: Any) -> None:
+    """Hand-derived: a 3,000 s trace re-plans every 60 s (50 intervals, more than 15) with
+    counts halving per interval; a 150 s replay every 10 s (15 intervals), where counts halve
+    every 6 intervals: 0.5 ** (10 / 60)."""
+    long = tiny_factory([[1]] * 2, times=[0.0, 3000.0])
+    short = tiny_factory([[1]] * 2, times=[0.0, 150.0])
+    cfg = EvalConfig()
+    assert cfg.interval_s(long) == 60.0
+    assert cfg.intervals_for(long) == 50
+    assert cfg.rate_decay_for(long) == pytest.approx(0.5)
+    assert cfg.interval_s(short) == pytest.approx(10.0)
+    assert cfg.intervals_for(short) == 15
+    assert cfg.rate_decay_for(short) == pytest.approx(0.8908987, rel=1e-6)
+    # a replay stretched to days re-plans at most 256 times
+    days = tiny_factory([[1]] * 2, times=[0.0, 86_400.0 * 10])
+    assert cfg.intervals_for(days) == 256
+    assert cfg.rate_decay_for(days) == pytest.approx(0.5 ** (86_400.0 * 10 / 256 / 60))
+    # the old behaviour on request: 15 plans per replay from all counts so far
+    old = EvalConfig(control_interval_s=None, rate_decay=1.0)
+    assert old.interval_s(long) == 200.0
+    assert old.intervals_for(long) == 15
+    assert old.rate_decay_for(long) == 1.0
