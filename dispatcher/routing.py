@@ -702,7 +702,11 @@ class Router:
                     and load * self.total_requests >= self.spill_min_inflight * self.total_inflight
                 ):
                     self.counts[6] += 1
-                    return self._spill(key, ctx)
+                    spilled = self._spill(key, ctx)
+                    if self.cold_cost:  # a sole gateway: the conversation's context is there now
+                        self._context = self._kept(self._context)
+                        self._context[ctx] = _context_entry(spilled, 0, self._inserted[spilled])
+                    return spilled
                 self.counts[0] += 1
                 return best
             self.counts[4 if table is None else 3] += 1  # no plan yet, or a stale one

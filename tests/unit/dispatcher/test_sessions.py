@@ -148,6 +148,26 @@ def test_a_sole_gateway_keeps_turns_together_without_prompt_tokens() -> None:
     assert {r.route_index("tenant", "conv-9") for _ in range(20)} == {moved}
 
 
+def test_a_sole_gateways_spilled_turn_moves_the_conversations_context() -> None:
+    # Hand-derived, no prompt tokens (no `work_units`): "solo" is planned on d1 alone. 40
+    # one-unit requests on d1: cold bound ceil(1.25 x 41 / 5) = 11 <= 40 and no slack, so the
+    # conversation leaves its context; d1 is T(b)'s only member, and the spill test holds
+    # (40 x 5 >= 2 x 41; 40 x 40 >= 4 x 40): the turn spills to the cold path, off d1. Once d1
+    # is idle again the next turn follows the context to where the spilled turn went, not back
+    # to d1, where the conversation's history is not.
+    r = Router(NAMES, rng=random.Random(0), prefix_blocks=8, cold_cost=True)
+    r.table = build_table(3, 0, [("solo", ["d1"])], NAMES, NAMES)
+    assert r.route_index("solo", "conv-1") == 1
+    for _ in range(40):
+        r.acquire(1, 1)
+    spilled = r.route_index("solo", "conv-1")
+    assert spilled != 1
+    assert r.counts[RouteKind.NAMES.index("spilled")] == 1
+    for _ in range(40):
+        r.release(1, 1)
+    assert r.route_index("solo", "conv-1") == spilled
+
+
 def test_a_sole_gateway_starts_a_conversation_where_its_prompt_costs_least() -> None:
     r = sole_gateway()
     r.remember(2, [1, 2])  # the tenant's system prompt went to d2 (2 blocks of churn there)
