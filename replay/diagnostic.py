@@ -27,7 +27,9 @@ burstier per-replica load, for nothing); else `tie`.
     sizing cap) replicas (cap = min(q_cap, fair_share x mean replica load)), admitted while the
     C = R x W warm slots last. A key on k_b replicas reaches any one of them (least-loaded, random
     ties), so a block it sent n times within the horizon is there with 1 - (1 - 1/k_b)^n;
-  * plan lag - plans are rebuilt `intervals` times per replay from the rates seen so far: before
+  * plan lag - plans are rebuilt `intervals` times per replay (`evaluate` passes the replay's
+    count at the planner service's cadence, `EvalConfig.intervals_for`), modelled here from the
+    rates seen so far (not the service's 60 s EWMA: admission is by the whole replay's): before
     the first plan every key is cold, and a key is cold until the first plan after its first
     request; its first request after that goes to the planned replicas, away from its cold home
     (its own blocks there with 1/R, as spreading would have them);
