@@ -704,8 +704,7 @@ class Router:
                     self.counts[6] += 1
                     spilled = self._spill(key, ctx)
                     if self.cold_cost:  # a sole gateway: the conversation's context is there now
-                        self._context = self._kept(self._context)
-                        self._context[ctx] = _context_entry(spilled, 0, self._inserted[spilled])
+                        self._hold_context(ctx, spilled)
                     return spilled
                 self.counts[0] += 1
                 return best
@@ -947,9 +946,16 @@ class Router:
             best = self._by_cost(lengths, len(blocks), bound)
         if best < 0:
             best, _ = self._least_loaded(members)  # one is up
-        self._context = self._kept(self._context)
-        self._context[session] = _context_entry(best, 0, self._inserted[best])
+        self._hold_context(session, best)
         return best, inflight[best]
+
+    def _hold_context(self, session: str, index: int) -> None:
+        """Record destination `index` as where `session`'s context is (no tokens yet:
+        `work_units` adds them), so a caller that passes no prompt tokens keeps its turns
+        together; used where a sole gateway places a conversation (`_conversation`) or spills
+        one of its turns."""
+        self._context = self._kept(self._context)
+        self._context[session] = _context_entry(index, 0, self._inserted[index])
 
     def route(self, key: object, session: object = None) -> str:
         """The destination name for `key` (and the request's `session`, see `route_index`)."""

@@ -162,7 +162,7 @@ def test_a_sole_gateways_spilled_turn_moves_the_conversations_context() -> None:
         r.acquire(1, 1)
     spilled = r.route_index("solo", "conv-1")
     assert spilled != 1
-    assert r.counts[RouteKind.NAMES.index("spilled")] == 1
+    assert r.counts[RouteKind.SPILLED] == 1
     for _ in range(40):
         r.release(1, 1)
     assert r.route_index("solo", "conv-1") == spilled
