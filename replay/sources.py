@@ -21,6 +21,7 @@ from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.traces import (
+    BLOCK_KEY_FORMATS,
     MOONCAKE_BLOCK_TOKENS,
     SESSION_KEYS,
     TraceFormat,
@@ -108,7 +109,8 @@ class SourceSpec:
 
 
 def detect_format(path: Path) -> TraceFormat:
-    """mooncake (JSONL with hash_ids and timestamp), azure (its CSV header) or csv (generic)."""
+    """mooncake (JSONL with hash_ids and timestamp), bailian (those and chat ids), azure (its CSV
+    header) or csv (generic)."""
     try:
         with path.open("rb") as fh:
             first = fh.readline().strip()
@@ -119,7 +121,9 @@ def detect_format(path: Path) -> TraceFormat:
             obj = orjson.loads(first)
         except orjson.JSONDecodeError:
             raise ReplayError(f"{path}: first line is not JSON") from None
-        return "mooncake" if "timestamp" in obj and "input_length" in obj else "csv"
+        if "timestamp" not in obj or "input_length" not in obj:
+            return "csv"
+        return "bailian" if "chat_id" in obj or "parent_chat_id" in obj else "mooncake"
     if first.startswith(b"TIMESTAMP") and b"ContextTokens" in first:
         return "azure"
     return "csv"
@@ -146,7 +150,7 @@ def load_source(spec: SourceSpec) -> RequestSet:
     trace = spec.trace
     assert trace is not None
     fmt = detect_format(trace) if spec.fmt == "auto" else spec.fmt
-    if spec.key_blocks == "auto" and not spec.key_blocks_gains and fmt == "mooncake":
+    if spec.key_blocks == "auto" and not spec.key_blocks_gains and fmt in BLOCK_KEY_FORMATS:
         spec = resolve_key_blocks(spec)  # defaults (R = 30); the CLI resolves with its own R
     base = read_trace(
         trace,
@@ -156,7 +160,7 @@ def load_source(spec: SourceSpec) -> RequestSet:
         limit=spec.limit,
         keys=spec.keys,
     )
-    if spec.key_blocks_gains and fmt == "mooncake":
+    if spec.key_blocks_gains and fmt in BLOCK_KEY_FORMATS:
         gains = ", ".join(f"{_kb_name(k)}: {g:.3f}x" for k, g in spec.key_blocks_gains)
         chosen = _kb_name(spec.key_blocks_chosen)
         note = f"key_blocks auto: chose {chosen} (predicted gain by key_blocks {gains})"
@@ -201,12 +205,13 @@ def resolve_key_blocks(
 ) -> SourceSpec:
     """`spec` with `auto` key_blocks chosen (`choose_key_blocks`); other specs as they are.
 
-    Only Mooncake traces have block-id keys: for anything else auto stays unresolved (and unused).
+    Only block-hash traces (Mooncake, Bailian) have block-id keys: for anything else auto stays
+    unresolved (and unused).
     """
     if spec.key_blocks != "auto" or spec.key_blocks_gains or spec.trace is None:
         return spec
     fmt = detect_format(spec.trace) if spec.fmt == "auto" else spec.fmt
-    if fmt != "mooncake":
+    if fmt not in BLOCK_KEY_FORMATS:
         return spec
     gains = choose_key_blocks(spec, destinations=destinations, service=service)
     return replace(spec, key_blocks_gains=gains)

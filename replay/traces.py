@@ -1,4 +1,4 @@
-"""Trace readers: Mooncake JSONL, Azure LLM CSV, and a generic CSV/JSONL - all into a RequestSet.
+"""Trace readers (Mooncake and Bailian JSONL, Azure CSV, generic CSV/JSONL) into a RequestSet.
 
 * **Mooncake** (kvcache-ai/Mooncake FAST'25 traces): one JSON object a line with `timestamp` (ms),
   `input_length`, `output_length` and `hash_ids`, one id per 512-token block of the prompt (equal
@@ -6,6 +6,10 @@
   block alone is a poor key on production data: a handful of shared system prompts), or with
   `key_blocks=SESSION_KEYS` (0) what a gateway keying on "system prompt + first message" gets
   (`session_keys`). Only full blocks are cacheable: the id of a partial last block is dropped.
+* **Bailian** (Alibaba's Qwen usage traces, alibaba-edu/qwen-bailian-usagetraces-anon): multi-turn
+  conversations as Mooncake's fields with `timestamp` in seconds, hash ids of 16-token blocks,
+  and `chat_id`, `parent_chat_id`, `turn`, `type`. The ids are merged into 512-token blocks
+  (`blockhash`); keys as Mooncake's.
 * **Azure** (Azure Public Dataset, AzureLLMInferenceTrace 2023): `TIMESTAMP,ContextTokens,
   GeneratedTokens` - token counts only, no prefixes. Keys are synthetic: each request draws a key
   from a paper-like skewed distribution over `keys` keys, and the key's reusable prefix
@@ -35,21 +39,26 @@ import numpy as np
 import orjson
 
 from cacheroute.planner.workload import paper_workload
+from cacheroute.replay.blockhash import infer_block_tokens, merge_blocks
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import IntArray, RequestSet, make_request_set
 
 __all__ = [
+    "BLOCK_KEY_FORMATS",
     "TRACE_FORMATS",
     "TraceFormat",
     "read_azure",
+    "read_bailian",
     "read_generic",
     "read_mooncake",
     "read_trace",
     "require_arrivals",
 ]
 
-TraceFormat = Literal["mooncake", "azure", "csv"]
-TRACE_FORMATS: tuple[TraceFormat, ...] = ("mooncake", "azure", "csv")
+TraceFormat = Literal["mooncake", "bailian", "azure", "csv"]
+TRACE_FORMATS: tuple[TraceFormat, ...] = ("mooncake", "bailian", "azure", "csv")
+BLOCK_KEY_FORMATS: tuple[TraceFormat, ...] = ("mooncake", "bailian")
+"""Formats whose routing keys are leading block ids (`key_blocks`, session keys and hints)."""
 MOONCAKE_BLOCK_TOKENS = 512
 _DEFAULT_OUTPUT = 128
 
@@ -70,6 +79,8 @@ def read_trace(
     Refuses a trace whose requests all carry the same timestamp (`require_arrivals`)."""
     if fmt == "mooncake":
         out = read_mooncake(path, key_blocks=key_blocks, limit=limit)
+    elif fmt == "bailian":
+        out = read_bailian(path, key_blocks=key_blocks, limit=limit)
     elif fmt == "azure":
         out = read_azure(
             path,
@@ -201,48 +212,90 @@ def session_hints(requests: RequestSet) -> tuple[str, ...]:
 
 
 def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) -> RequestSet:
-    """A Mooncake JSONL trace; key = the first `key_blocks` hash ids, or session keys (0)."""
-    if key_blocks < 0:
-        raise ReplayError("key_blocks must be >= 1 (or 0: session keys)")
-    times: list[float] = []
-    keys: list[str] = []
-    prompt: list[int] = []
-    output: list[int] = []
-    blocks: list[list[int]] = []
-    prefix: list[int] = []
-    firsts: list[int] = []
-    seen: set[int] = set()
-    b = MOONCAKE_BLOCK_TOKENS
+    """A Mooncake JSONL trace; key = the first `key_blocks` hash ids, or session keys (0).
+
+    Ids at a finer block than Mooncake's 512 tokens (a trace converted from another source) are
+    found (`blockhash.infer_block_tokens`) and merged into 512-token blocks."""
+    rows = _block_rows(path, limit, "Mooncake", "timestamp (ms)", 1000.0)
+    return _block_trace(path, rows, key_blocks, "Mooncake", strict_blocks=False)
+
+
+def read_bailian(path: Path, *, key_blocks: int = 2, limit: int | None = None) -> RequestSet:
+    """An Alibaba Bailian (Qwen) usage trace: Mooncake's fields, `timestamp` in seconds, hash ids
+    of 16-token blocks (found from the data, `blockhash.infer_block_tokens`) merged into 512-token
+    ones, and `chat_id` / `parent_chat_id` / `turn` (not needed: turns extend their history's
+    blocks, which is what session keys and hints follow). Keys as `read_mooncake`."""
+    rows = _block_rows(path, limit, "Bailian", "timestamp (s)", 1.0)
+    return _block_trace(path, rows, key_blocks, "Bailian", strict_blocks=True)
+
+
+_BlockRow = tuple[float, int, int, list[int]]
+
+
+def _block_rows(
+    path: Path, limit: int | None, what: str, time_field: str, units_per_second: float
+) -> list[_BlockRow]:
+    """(arrival s, input_length, output_length, hash_ids) of each line of a block-hash trace."""
+    rows: list[_BlockRow] = []
     for n, line in _lines(path, limit):
         obj = _json(path, n, line)
         try:
-            ts = float(obj["timestamp"]) / 1000.0
+            ts = float(obj["timestamp"]) / units_per_second
             p = int(obj["input_length"])
             o = int(obj["output_length"])
             ids = [int(x) for x in obj["hash_ids"]]
         except KeyError as exc:
             raise ReplayError(
-                f"{path}:{n}: Mooncake record without {exc}; each line needs timestamp (ms), "
+                f"{path}:{n}: {what} record without {exc}; each line needs {time_field}, "
                 "input_length, output_length and hash_ids"
             ) from None
         except (TypeError, ValueError) as exc:
-            raise ReplayError(f"{path}:{n}: bad Mooncake record ({exc!r})") from None
+            raise ReplayError(f"{path}:{n}: bad {what} record ({exc!r})") from None
         if p < 1 or not ids:
             raise ReplayError(f"{path}:{n}: input_length and hash_ids must be non-empty")
-        full = ids[: min(len(ids), p // b)]
+        rows.append((ts, p, o, ids))
+    if not rows:
+        raise ReplayError(f"{path}: no requests")
+    return rows
+
+
+def _block_trace(
+    path: Path, rows: list[_BlockRow], key_blocks: int, what: str, *, strict_blocks: bool
+) -> RequestSet:
+    """A RequestSet from block-hash rows, in 512-token blocks; see `read_mooncake` for keys.
+
+    `strict_blocks`: refuse ids that fit no block size (Bailian); otherwise such ids are taken
+    as 512-token blocks, the Mooncake format's definition."""
+    if key_blocks < 0:
+        raise ReplayError("key_blocks must be >= 1 (or 0: session keys)")
+    b = MOONCAKE_BLOCK_TOKENS
+    prompt = [p for _, p, _, _ in rows]
+    lists = [ids for _, _, _, ids in rows]
+    try:
+        fine = infer_block_tokens(prompt, [len(ids) for ids in lists])
+    except ReplayError as exc:
+        if strict_blocks:
+            raise ReplayError(f"{path}: {exc}") from None
+        fine = b
+    if fine < b:
+        lists, full_counts = merge_blocks(lists, prompt, fine, b)
+    else:
+        full_counts = [min(len(ids), p // b) for ids, p in zip(lists, prompt, strict=True)]
+    keys: list[str] = []
+    blocks: list[list[int]] = []
+    prefix: list[int] = []
+    firsts: list[int] = []
+    seen: set[int] = set()
+    for ids, n_full in zip(lists, full_counts, strict=True):
+        full = ids[:n_full]
         reused = 0
         while reused < len(full) and full[reused] in seen:
             reused += 1
         seen.update(full)
-        times.append(ts)
         keys.append("mc-" + "-".join(str(x) for x in ids[: max(key_blocks, 1)]))
         firsts.append(ids[0])
-        prompt.append(p)
-        output.append(o)
         blocks.append(full)
         prefix.append(reused * b)
-    if not times:
-        raise ReplayError(f"{path}: no requests")
     if key_blocks == SESSION_KEYS:
         keys = session_keys(blocks, firsts)
     how = (
@@ -250,15 +303,17 @@ def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) 
         if key_blocks == SESSION_KEYS
         else (f"key = first {key_blocks} block ids")
     )
+    if fine < b:
+        how = f"{fine}-token hash ids merged into {b}-token blocks; {how}"
     return make_request_set(
-        times=times,
+        times=[t for t, _, _, _ in rows],
         keys=keys,
         prompt_tokens=prompt,
-        output_tokens=output,
+        output_tokens=[o for _, _, o, _ in rows],
         block_lists=blocks,
         prefix_tokens=prefix,
         block_tokens=b,
-        source=f"Mooncake trace {path.name} ({how})",
+        source=f"{what} trace {path.name} ({how})",
     )
 
 

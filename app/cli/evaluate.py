@@ -70,7 +70,7 @@ from cacheroute.replay.sources import (
     resolve_key_blocks,
     write_jsonl,
 )
-from cacheroute.replay.traces import SESSION_KEYS, TRACE_FORMATS
+from cacheroute.replay.traces import BLOCK_KEY_FORMATS, SESSION_KEYS, TRACE_FORMATS
 from cacheroute.replay.workloads import KINDS, WorkloadKind
 from cacheroute.settings import Settings
 
@@ -144,12 +144,12 @@ def _slo(value: object) -> tuple[float, bool]:
 
 
 def _coarse_block_keys(source: SourceSpec) -> bool:
-    """Whether the source's keys are leading blocks of a Mooncake trace (coarser than sessions),
+    """Whether the source's keys are leading blocks of a block-hash trace (coarser than sessions),
     after `--key-blocks auto` has chosen (`resolve_key_blocks`)."""
     if source.trace is None or source.key_blocks_chosen == SESSION_KEYS:
         return False
     fmt = detect_format(source.trace) if source.fmt == "auto" else source.fmt
-    return fmt == "mooncake"
+    return fmt in BLOCK_KEY_FORMATS
 
 
 def _key_blocks(value: object) -> KeyBlocks:
@@ -276,7 +276,9 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     type=click.Choice([*TRACE_FORMATS, "auto"]),
     default="auto",
     show_default=True,
-    help="Trace format (csv = generic CSV/JSONL: ts,key,prompt_tokens,prefix_tokens).",
+    help="Trace format: mooncake (JSONL, timestamp ms, hash_ids), bailian (Alibaba's Qwen traces: "
+    "timestamp s, 16-token hash_ids, chat ids), azure (its CSV), csv (generic CSV/JSONL: ts,key,"
+    "prompt_tokens,prefix_tokens); auto: from the first line.",
 )
 @click.option(
     "--policies",
@@ -505,7 +507,7 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     default="2",
     show_default=True,
     callback=lambda _ctx, _param, value: _key_blocks(value),
-    help="Mooncake key: leading block ids; session: shared prefix + first own block (what a "
+    help="Mooncake/Bailian key: leading 512-token block ids; session: shared prefix + first own block (what a "
     "gateway keying on system prompt + first message gets); auto: the diagnostic's best of "
     "session and 1-6 (~5 s).",
 )
