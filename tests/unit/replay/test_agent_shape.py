@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -13,17 +12,14 @@ import numpy as np
 
 from cacheroute.replay.traces import read_mooncake
 
+from .trace_scripts import load_script
+
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 NAME = "agent_shape_6000.jsonl"
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_agent", TRACES / "make_agent_shape.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_agent_shape")
 
 
 def _rows() -> list[dict[str, Any]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -13,16 +12,13 @@ import numpy as np
 
 from cacheroute.replay.traces import read_mooncake
 
+from .trace_scripts import load_script
+
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_chat_shape", TRACES / "make_chat_shape.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_chat_shape")
 
 
 def _rows(name: str) -> list[dict[str, Any]]:
