@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from cacheroute.replay.errors import ReplayError
 
-__all__ = ["BLOCK_SIZE_CANDIDATES", "infer_block_tokens", "merge_blocks"]
+__all__ = ["BLOCK_SIZE_CANDIDATES", "BlockMerger", "infer_block_tokens", "merge_blocks"]
 
 BLOCK_SIZE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Block sizes (tokens) `infer_block_tokens` tries: powers of two that divide 512."""
@@ -61,23 +61,26 @@ def infer_block_tokens(prompt_tokens: Sequence[int], id_counts: Sequence[int]) -
     return best
 
 
-def merge_blocks(
-    fine: Sequence[Sequence[int]], prompt_tokens: Sequence[int], fine_tokens: int, tokens: int
-) -> tuple[list[list[int]], list[int]]:
-    """Each request's ids at `tokens` per block, and how many of them are full blocks.
+class BlockMerger:
+    """Merges each request's fine ids into coarse blocks as the requests are read.
 
     A coarse block is `tokens // fine_tokens` consecutive fine ids; a request's last group may be
     shorter (its prompt's tail: a partial block, as the partial last id of a Mooncake request).
     A coarse block is full when all its fine blocks are full ones (within the prompt's
-    `prompt // fine_tokens` full fine blocks and listed).
+    `prompt // fine_tokens` full fine blocks and listed). One request at a time, so a reader
+    holds coarse ids only: a long trace's fine ids would take gigabytes.
     """
-    if fine_tokens < 1 or tokens % fine_tokens:
-        raise ReplayError(f"a {fine_tokens}-token block does not divide a {tokens}-token block")
-    group = tokens // fine_tokens
-    nodes: dict[tuple[int, tuple[int, ...]], int] = {}
-    out: list[list[int]] = []
-    full: list[int] = []
-    for ids, p in zip(fine, prompt_tokens, strict=True):
+
+    def __init__(self, fine_tokens: int, tokens: int) -> None:
+        if fine_tokens < 1 or tokens % fine_tokens:
+            raise ReplayError(f"a {fine_tokens}-token block does not divide a {tokens}-token block")
+        self.fine_tokens = fine_tokens
+        self.group = tokens // fine_tokens
+        self._nodes: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def add(self, ids: Sequence[int], prompt_tokens: int) -> tuple[list[int], int]:
+        """One request's coarse ids and how many of them are full blocks."""
+        nodes, group = self._nodes, self.group
         parent = -1
         row: list[int] = []
         for start in range(0, len(ids), group):
@@ -87,6 +90,13 @@ def merge_blocks(
                 node = nodes[edge] = len(nodes)
             row.append(node)
             parent = node
-        out.append(row)
-        full.append(min(len(ids), p // fine_tokens) // group)
-    return out, full
+        return row, min(len(ids), prompt_tokens // self.fine_tokens) // group
+
+
+def merge_blocks(
+    fine: Sequence[Sequence[int]], prompt_tokens: Sequence[int], fine_tokens: int, tokens: int
+) -> tuple[list[list[int]], list[int]]:
+    """Every request's coarse ids and full-block counts (`BlockMerger`, over a whole list)."""
+    merger = BlockMerger(fine_tokens, tokens)
+    pairs = [merger.add(ids, p) for ids, p in zip(fine, prompt_tokens, strict=True)]
+    return [row for row, _ in pairs], [n for _, n in pairs]

@@ -32,6 +32,7 @@ import csv
 import math
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +40,7 @@ import numpy as np
 import orjson
 
 from cacheroute.planner.workload import paper_workload
-from cacheroute.replay.blockhash import infer_block_tokens, merge_blocks
+from cacheroute.replay.blockhash import BlockMerger, infer_block_tokens
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import IntArray, RequestSet, make_request_set
 
@@ -231,12 +232,14 @@ def read_bailian(path: Path, *, key_blocks: int = 2, limit: int | None = None) -
 
 _BlockRow = tuple[float, int, int, list[int]]
 
+_SIZE_SAMPLE = 4096
+"""Requests a block-hash reader looks at to find the block size of the trace's ids."""
+
 
 def _block_rows(
     path: Path, limit: int | None, what: str, time_field: str, units_per_second: float
-) -> list[_BlockRow]:
+) -> Iterator[_BlockRow]:
     """(arrival s, input_length, output_length, hash_ids) of each line of a block-hash trace."""
-    rows: list[_BlockRow] = []
     for n, line in _lines(path, limit):
         obj = _json(path, n, line)
         try:
@@ -253,45 +256,48 @@ def _block_rows(
             raise ReplayError(f"{path}:{n}: bad {what} record ({exc!r})") from None
         if p < 1 or not ids:
             raise ReplayError(f"{path}:{n}: input_length and hash_ids must be non-empty")
-        rows.append((ts, p, o, ids))
-    if not rows:
-        raise ReplayError(f"{path}: no requests")
-    return rows
+        yield ts, p, o, ids
 
 
 def _block_trace(
-    path: Path, rows: list[_BlockRow], key_blocks: int, what: str, *, strict_blocks: bool
+    path: Path, rows: Iterator[_BlockRow], key_blocks: int, what: str, *, strict_blocks: bool
 ) -> RequestSet:
     """A RequestSet from block-hash rows, in 512-token blocks; see `read_mooncake` for keys.
 
-    `strict_blocks`: refuse ids that fit no block size (Bailian); otherwise such ids are taken
-    as 512-token blocks, the Mooncake format's definition."""
+    The ids' block size is found on the first `_SIZE_SAMPLE` requests; finer ids are merged
+    as each request is read. `strict_blocks`: refuse ids that fit no block size (Bailian);
+    otherwise such ids are taken as 512-token blocks, the Mooncake format's definition."""
     if key_blocks < 0:
         raise ReplayError("key_blocks must be >= 1 (or 0: session keys)")
     b = MOONCAKE_BLOCK_TOKENS
-    prompt = [p for _, p, _, _ in rows]
-    lists = [ids for _, _, _, ids in rows]
+    head = list(islice(rows, _SIZE_SAMPLE))
+    if not head:
+        raise ReplayError(f"{path}: no requests")
     try:
-        fine = infer_block_tokens(prompt, [len(ids) for ids in lists])
+        fine = infer_block_tokens([r[1] for r in head], [len(r[3]) for r in head])
     except ReplayError as exc:
         if strict_blocks:
             raise ReplayError(f"{path}: {exc}") from None
         fine = b
-    if fine < b:
-        lists, full_counts = merge_blocks(lists, prompt, fine, b)
-    else:
-        full_counts = [min(len(ids), p // b) for ids, p in zip(lists, prompt, strict=True)]
+    merger = BlockMerger(fine, b) if fine < b else None
+    times: list[float] = []
+    prompt: list[int] = []
+    output: list[int] = []
     keys: list[str] = []
     blocks: list[list[int]] = []
     prefix: list[int] = []
     firsts: list[int] = []
     seen: set[int] = set()
-    for ids, n_full in zip(lists, full_counts, strict=True):
+    for t, p, o, raw in chain(head, rows):
+        ids, n_full = merger.add(raw, p) if merger else (raw, min(len(raw), p // b))
         full = ids[:n_full]
         reused = 0
         while reused < len(full) and full[reused] in seen:
             reused += 1
         seen.update(full)
+        times.append(t)
+        prompt.append(p)
+        output.append(o)
         keys.append("mc-" + "-".join(str(x) for x in ids[: max(key_blocks, 1)]))
         firsts.append(ids[0])
         blocks.append(full)
@@ -306,10 +312,10 @@ def _block_trace(
     if fine < b:
         how = f"{fine}-token hash ids merged into {b}-token blocks; {how}"
     return make_request_set(
-        times=[t for t, _, _, _ in rows],
+        times=times,
         keys=keys,
         prompt_tokens=prompt,
-        output_tokens=[o for _, _, o, _ in rows],
+        output_tokens=output,
         block_lists=blocks,
         prefix_tokens=prefix,
         block_tokens=b,

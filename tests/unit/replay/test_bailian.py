@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
+from cacheroute.replay import traces
 from cacheroute.replay.blockhash import infer_block_tokens, merge_blocks
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.sources import SourceSpec, detect_format, load_source
@@ -129,13 +130,16 @@ def _first_use(labels: np.ndarray) -> np.ndarray:
     return np.asarray([seen.setdefault(int(x), len(seen)) for x in labels])
 
 
-@pytest.mark.parametrize("key_blocks", [2, SESSION_KEYS])
+@pytest.mark.parametrize(("key_blocks", "sample"), [(2, None), (SESSION_KEYS, None), (2, 10)])
 def test_a_mooncake_trace_split_into_16_token_ids_reads_as_the_original(
-    tmp_path: Path, key_blocks: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key_blocks: int, sample: int | None
 ) -> None:
     """The bundled conversation trace, each 512-token id written as 32 ids of 16 tokens (a
     partial last block as ceil(rest / 16) ids) and times in seconds: the Bailian reader gives
-    what the Mooncake reader gives on the original - the reference it is checked against."""
+    what the Mooncake reader gives on the original - the reference it is checked against.
+    `sample`: the block size found on the first 10 requests, the rest merged as they stream."""
+    if sample is not None:
+        monkeypatch.setattr(traces, "_SIZE_SAMPLE", sample)
     original = DATA / "conversation_mooncake_6000.jsonl"
     lines = original.read_bytes().splitlines()[:1500]
     fine_path = tmp_path / "fine.jsonl"
