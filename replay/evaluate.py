@@ -710,7 +710,7 @@ def _keyed_by_request(requests: RequestSet) -> RequestSet:
 
 def _keyed_by_session(requests: RequestSet) -> RequestSet:
     """The same requests with each conversation (`session_hints`) as its key."""
-    if not requests.block_ids.size:
+    if not requests.block_ids.size and requests.conversations is None:
         return requests
     index: dict[str, int] = {}
     sessions = session_hints(requests)
@@ -793,6 +793,9 @@ def _subset(q: RequestSet, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Request
         block_offsets=offsets,
         block_ids=q.block_ids[gather],
         notes=(*q.notes, "affinity slice"),
+        conversations=(
+            None if q.conversations is None else tuple(q.conversations[i] for i in idx.tolist())
+        ),
     )
 
 

@@ -48,6 +48,10 @@ class RequestSet:
     block_tokens: int
     source: str
     notes: tuple[str, ...] = ()
+    conversations: tuple[str, ...] | None = None
+    """Per request, its conversation as the source names it (a trace with conversation ids:
+    Bailian's `parent_chat_id` chains); None: the source does not say (`traces.session_hints`
+    then finds conversations from the blocks)."""
 
     def __post_init__(self) -> None:
         for arr in (
@@ -60,6 +64,10 @@ class RequestSet:
             self.block_ids,
         ):
             arr.setflags(write=False)
+        if self.conversations is not None and len(self.conversations) != self.times.shape[0]:
+            raise ReplayError(
+                f"{len(self.conversations)} conversations for {self.times.shape[0]} requests"
+            )
 
     # ------------------------------------------------------------------------------- views
     @property
@@ -162,6 +170,14 @@ class RequestSet:
             block_tokens=self.block_tokens,
             source=self.source,
             notes=(*self.notes, f"tiled x{copies} (ids offset, random time shifts)"),
+            conversations=(
+                None
+                if self.conversations is None
+                else (
+                    *self.conversations,
+                    *(f"{s}#{c}" for c in range(1, copies) for s in self.conversations),
+                )
+            ),
         )
 
     def head(self, count: int) -> RequestSet:
@@ -178,6 +194,7 @@ class RequestSet:
             block_offsets=self.block_offsets[: count + 1].copy(),
             block_ids=self.block_ids[:end].copy(),
             notes=(*self.notes, f"first {count} requests"),
+            conversations=None if self.conversations is None else self.conversations[:count],
         )
 
 
@@ -194,12 +211,14 @@ def make_request_set(
     block_tokens: int,
     source: str,
     notes: tuple[str, ...] = (),
+    conversations: Sequence[str] | None = None,
 ) -> RequestSet:
     """Validate raw columns (one routing key string per request), sort by time, renumber blocks.
 
     Blocks come either as one list per request or as CSR (`block_offsets`, `block_ids`). Block ids
     may be any integers; they are renumbered densely. Output tokens below 1 become 1 (a request
-    always produces its first token).
+    always produces its first token). `conversations`: one per request, when the source names
+    them (`RequestSet.conversations`).
     """
     t = np.asarray(times, dtype=np.float64)
     n = t.shape[0]
@@ -252,6 +271,7 @@ def make_request_set(
         block_tokens=block_tokens,
         source=source,
         notes=notes,
+        conversations=None if conversations is None else tuple(conversations),
     )
 
 
@@ -268,9 +288,12 @@ def _sorted(
     block_tokens: int,
     source: str,
     notes: tuple[str, ...],
+    conversations: tuple[str, ...] | None = None,
 ) -> RequestSet:
     """Stable sort by time, permute the CSR blocks along, renumber block ids densely."""
     order = np.argsort(times, kind="stable")
+    if conversations is not None and len(conversations) != order.size:
+        raise ReplayError(f"{len(conversations)} conversations for {order.size} requests")
     sizes = np.diff(block_offsets)[order]
     offsets = np.zeros(order.size + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
@@ -294,4 +317,7 @@ def _sorted(
         block_tokens=block_tokens,
         source=source,
         notes=notes,
+        conversations=(
+            None if conversations is None else tuple(conversations[i] for i in order.tolist())
+        ),
     )

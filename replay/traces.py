@@ -9,7 +9,7 @@
 * **Bailian** (Alibaba's Qwen usage traces, alibaba-edu/qwen-bailian-usagetraces-anon): multi-turn
   conversations as Mooncake's fields with `timestamp` in seconds, hash ids of 16-token blocks,
   and `chat_id`, `parent_chat_id`, `turn`, `type`. The ids are merged into 512-token blocks
-  (`blockhash`); keys as Mooncake's.
+  (`blockhash`); keys as Mooncake's; the chat id chains name each request's conversation.
 * **Azure** (Azure Public Dataset, AzureLLMInferenceTrace 2023): `TIMESTAMP,ContextTokens,
   GeneratedTokens` - token counts only, no prefixes. Keys are synthetic: each request draws a key
   from a paper-like skewed distribution over `keys` keys, and the key's reusable prefix
@@ -202,9 +202,12 @@ def session_hints(requests: RequestSet) -> tuple[str, ...]:
     What a gateway whose routing key is coarser than a conversation (a tenant header, the
     leading blocks of a shared system prompt) also knows about a request: the hash of its system
     prompt plus first message. `Router.route_index(key, session)` uses it to keep a conversation
-    on one replica of its key. A request with no full block is its own session.
+    on one replica of its key. A request with no full block is its own session. A trace that
+    names its conversations (`RequestSet.conversations`) gives them instead: no guess needed.
     """
     q = requests
+    if q.conversations is not None:
+        return q.conversations
     offsets = q.block_offsets.tolist()
     ids = q.block_ids.tolist()
     lists = [ids[offsets[i] : offsets[i + 1]] for i in range(q.n)]
@@ -224,13 +227,16 @@ def read_mooncake(path: Path, *, key_blocks: int = 2, limit: int | None = None) 
 def read_bailian(path: Path, *, key_blocks: int = 2, limit: int | None = None) -> RequestSet:
     """An Alibaba Bailian (Qwen) usage trace: Mooncake's fields, `timestamp` in seconds, hash ids
     of 16-token blocks (found from the data, `blockhash.infer_block_tokens`) merged into 512-token
-    ones, and `chat_id` / `parent_chat_id` / `turn` (not needed: turns extend their history's
-    blocks, which is what session keys and hints follow). Keys as `read_mooncake`."""
+    ones. `chat_id` / `parent_chat_id` chains name each request's conversation (its first chat;
+    `RequestSet.conversations`), what a gateway keying on a session id knows, so session hints
+    need no guess from the blocks. Keys as `read_mooncake`; `turn` and `type` are not used."""
     rows = _block_rows(path, limit, "Bailian", "timestamp (s)", 1.0)
     return _block_trace(path, rows, key_blocks, "Bailian", strict_blocks=True)
 
 
-_BlockRow = tuple[float, int, int, list[int]]
+_BlockRow = tuple[float, int, int, list[int], int | str | None, int | str | None]
+"""(arrival s, input_length, output_length, hash_ids, chat_id, parent_chat_id); the ids are
+None where the trace has none (Mooncake's; a first turn's parent)."""
 
 _SIZE_SAMPLE = 4096
 """Requests a block-hash reader looks at to find the block size of the trace's ids."""
@@ -239,7 +245,7 @@ _SIZE_SAMPLE = 4096
 def _block_rows(
     path: Path, limit: int | None, what: str, time_field: str, units_per_second: float
 ) -> Iterator[_BlockRow]:
-    """(arrival s, input_length, output_length, hash_ids) of each line of a block-hash trace."""
+    """Each line of a block-hash trace as a `_BlockRow`."""
     for n, line in _lines(path, limit):
         obj = _json(path, n, line)
         try:
@@ -256,7 +262,15 @@ def _block_rows(
             raise ReplayError(f"{path}:{n}: bad {what} record ({exc!r})") from None
         if p < 1 or not ids:
             raise ReplayError(f"{path}:{n}: input_length and hash_ids must be non-empty")
-        yield ts, p, o, ids
+        chat, parent = obj.get("chat_id"), obj.get("parent_chat_id")
+        yield ts, p, o, ids, _chat_id(chat), _chat_id(parent)
+
+
+def _chat_id(value: object) -> int | str | None:
+    """A chat id as a trace gives it (int or text); None for none, -1 or anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    return None if value in (-1, "-1", "") else value
 
 
 def _block_trace(
@@ -288,7 +302,16 @@ def _block_trace(
     prefix: list[int] = []
     firsts: list[int] = []
     seen: set[int] = set()
-    for t, p, o, raw in chain(head, rows):
+    roots: dict[int | str, int | str] = {}  # chat id -> the first chat of its conversation
+    conversations: list[str] | None = []
+    for t, p, o, raw, chat, parent in chain(head, rows):
+        if conversations is not None:
+            if chat is None:
+                conversations = None  # a trace without chat ids: conversations from blocks
+            else:
+                root = chat if parent is None else roots.get(parent, parent)
+                roots[chat] = root
+                conversations.append(f"chat-{root}")
         ids, n_full = merger.add(raw, p) if merger else (raw, min(len(raw), p // b))
         full = ids[:n_full]
         reused = 0
@@ -320,6 +343,7 @@ def _block_trace(
         prefix_tokens=prefix,
         block_tokens=b,
         source=f"{what} trace {path.name} ({how})",
+        conversations=conversations,
     )
 
 

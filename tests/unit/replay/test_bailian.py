@@ -6,6 +6,7 @@ blocks: 32 fine ids a block), or compared with the Mooncake reader on the same t
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from cacheroute.replay import traces
 from cacheroute.replay.blockhash import infer_block_tokens, merge_blocks
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.sources import SourceSpec, detect_format, load_source
-from cacheroute.replay.traces import SESSION_KEYS, read_bailian, read_mooncake
+from cacheroute.replay.traces import SESSION_KEYS, read_bailian, read_mooncake, session_hints
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
 
@@ -168,3 +169,37 @@ def test_a_mooncake_trace_split_into_16_token_ids_reads_as_the_original(
     # the generic loader finds the format by itself and reads the same
     auto = load_source(SourceSpec(trace=fine_path, key_blocks=key_blocks, requests=100))
     assert np.array_equal(_first_use(auto.block_ids), _first_use(want.block_ids))
+
+
+def test_chat_id_chains_name_each_requests_conversation(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    _bailian_conversations(path)  # A1 (chat 0), B (chat 1), A2 (chat 2, parent 0)
+    q = read_bailian(path)
+    assert q.conversations == ("chat-0", "chat-1", "chat-0")
+    assert session_hints(q) == q.conversations  # given, not guessed from the blocks
+    # copies of a tiled trace are other conversations; a head keeps its requests' own
+    tiled = q.tiled(2, np.random.default_rng(0))
+    assert tiled.conversations is not None
+    assert Counter(tiled.conversations) == {"chat-0": 2, "chat-1": 1, "chat-0#1": 2, "chat-1#1": 1}
+    assert q.head(2).conversations == ("chat-0", "chat-1")
+    # Mooncake's format has no chat ids: conversations are left to the blocks
+    assert read_mooncake(DATA / "mooncake_arxiv_1000.jsonl").conversations is None
+
+
+def test_a_chain_whose_first_turn_is_cut_off_still_holds_together(tmp_path: Path) -> None:
+    # chat 7's parent 3 is before the trace's window: 7, its child 8 and grandchild 9 are one
+    # conversation (named by the missing parent), 10 starts its own; ids as text work too
+    rows = [
+        (7, 3, 0.0), (10, -1, 1.0), (8, 7, 2.0), ("9", 8, 3.0),
+    ]  # fmt: skip
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(
+        b"".join(
+            orjson.dumps(
+                {"chat_id": c, "parent_chat_id": p, "timestamp": t, "input_length": 600,
+                 "output_length": 10, "hash_ids": list(range(k * 100, k * 100 + 38))}
+            ) + b"\n"
+            for k, (c, p, t) in enumerate(rows)
+        )
+    )  # fmt: skip
+    assert read_bailian(path).conversations == ("chat-3", "chat-10", "chat-3", "chat-3")
