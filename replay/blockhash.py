@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from cacheroute.replay.errors import ReplayError
 
-__all__ = ["BLOCK_SIZE_CANDIDATES", "BlockMerger", "infer_block_tokens", "merge_blocks"]
+__all__ = ["BLOCK_SIZE_CANDIDATES", "BlockMerger", "infer_block_tokens"]
 
 BLOCK_SIZE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Block sizes (tokens) `infer_block_tokens` tries: powers of two that divide 512."""
@@ -91,12 +91,3 @@ class BlockMerger:
             row.append(node)
             parent = node
         return row, min(len(ids), prompt_tokens // self.fine_tokens) // group
-
-
-def merge_blocks(
-    fine: Sequence[Sequence[int]], prompt_tokens: Sequence[int], fine_tokens: int, tokens: int
-) -> tuple[list[list[int]], list[int]]:
-    """Every request's coarse ids and full-block counts (`BlockMerger`, over a whole list)."""
-    merger = BlockMerger(fine_tokens, tokens)
-    pairs = [merger.add(ids, p) for ids, p in zip(fine, prompt_tokens, strict=True)]
-    return [row for row, _ in pairs], [n for _, n in pairs]

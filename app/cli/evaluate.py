@@ -507,9 +507,9 @@ def _run(run: _Run, console: Console) -> tuple[Evaluation, dict[str, Any]]:
     default="2",
     show_default=True,
     callback=lambda _ctx, _param, value: _key_blocks(value),
-    help="Mooncake/Bailian key: leading 512-token block ids; session: shared prefix + first own block (what a "
-    "gateway keying on system prompt + first message gets); auto: the diagnostic's best of "
-    "session and 1-6 (~5 s).",
+    help="Mooncake/Bailian key: leading 512-token block ids; session: shared prefix + first own "
+    "block (what a gateway keying on system prompt + first message gets); auto: the "
+    "diagnostic's best of session and 1-6 (~5 s).",
 )
 @click.option("--tile", type=click.IntRange(min=1), help="Trace copies [default: enough].")
 @click.option("--limit", type=click.IntRange(min=1), help="Read at most this many trace lines.")

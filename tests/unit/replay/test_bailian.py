@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from cacheroute.replay import traces
-from cacheroute.replay.blockhash import infer_block_tokens, merge_blocks
+from cacheroute.replay.blockhash import BlockMerger, infer_block_tokens
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.sources import SourceSpec, detect_format, load_source
 from cacheroute.replay.traces import SESSION_KEYS, read_bailian, read_mooncake, session_hints
@@ -46,11 +46,13 @@ def test_fine_ids_merge_into_coarse_blocks_by_their_whole_prefix() -> None:
         [9, 2, 3, 4, 5, 6, 7, 8],  # p = 128: first group as the third's, then its own
         [1, 2, 3, 4, 5, 6, 7, 8],  # p = 128: (5-8) after (1-4) is not (5-8) after (9,2-4)
     ]
-    coarse, full = merge_blocks(fine, [100, 64, 70, 128, 128], 16, 64)
+    merger = BlockMerger(16, 64)
+    merged = [merger.add(ids, p) for ids, p in zip(fine, [100, 64, 70, 128, 128], strict=True)]
+    coarse, full = [row for row, _ in merged], [n for _, n in merged]
     assert coarse == [[0, 1], [0], [2, 3], [2, 4], [0, 5]]
     assert full == [1, 1, 1, 2, 2]
     with pytest.raises(ReplayError, match="does not divide"):
-        merge_blocks(fine, [100, 64, 70, 128, 128], 48, 512)
+        BlockMerger(48, 512)
 
 
 def _bailian_conversations(path: Path) -> None:
