@@ -40,7 +40,7 @@ from typing import Any
 import faust
 from confluent_kafka import Producer
 
-from cacheroute.kafkaio import producer_config
+from cacheroute.kafkaio import produce_keyed, producer_config
 from cacheroute.schemas import (
     RequestBatch,
     RequestSummary,
@@ -54,6 +54,7 @@ from cacheroute.schemas.errors import format_location
 from cacheroute.schemas.rate_columns import encode_key_rates
 from cacheroute.schemas.rate_columns import warm_up as warm_up_encoder
 from cacheroute.settings import Settings
+from cacheroute.streams.columns import warm_up as warm_up_fold
 from cacheroute.streams.config import StreamConfig
 from cacheroute.streams.keytable import warm_up as warm_up_keys
 from cacheroute.streams.metrics import StreamMetrics
@@ -511,20 +512,10 @@ class StreamsRuntime:
     def _produce_rates(self, out: FlushResult) -> None:
         """Queue every closed window's key rates to the rates topic (delivery awaited by flush)."""
         rates_topic = self.settings.topics["rates"]
-        produce, poll = self.producer.produce, self.producer.poll
         for closed in out.closed:
             # one compiled pass writes every record's bytes (schemas/rate_columns.py)
             keys, values = encode_key_rates(closed)
-            for n, (key, value) in enumerate(zip(keys, values, strict=True)):
-                while True:
-                    try:
-                        produce(rates_topic, key=key, value=value)
-                        break
-                    except BufferError:  # the local queue is full: let it drain
-                        poll(0.1)
-                if n % 1000 == 999:  # serve delivery reports, free queue space
-                    poll(0)
-            poll(0)
+            produce_keyed(self.producer, rates_topic, keys, values)
 
     def _revoked(self, partition: int, state: PartitionState) -> bool:
         """Whether `partition` was revoked while a flush awaited (its new owner takes over)."""
@@ -668,6 +659,7 @@ def create_app(
     warm_up_encoder()
     warm_up_reader()
     warm_up_keys()
+    warm_up_fold()
     # Faust creates its changelog (and its internal topics) with these, at replication 1 unless
     # told; it never alters a topic that exists.
     replicas, min_insync = replication_for(settings, brokers)
