@@ -24,11 +24,13 @@ def _topic(settings: Settings, name: str) -> str:
     return topic
 
 
-def _read_all(settings: Settings, topic: str, expected: int) -> list[tuple[bytes, bytes, int]]:
+def _read_all(
+    settings: Settings, topic: str, expected: int
+) -> list[tuple[bytes | None, bytes | None, int | None]]:
     consumer = Consumer(consumer_config(settings, group_id=topic + "-reader"))
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    out: list[tuple[bytes, bytes, int]] = []
-    eof: set[int] = set()
+    out: list[tuple[bytes | None, bytes | None, int | None]] = []
+    eof: set[int | None] = set()
     try:
         while len(eof) < PARTITIONS:
             for msg in consumer.consume(1000, 0.5):
