@@ -303,8 +303,9 @@ def ring_hash(text: str) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int], list[int]]:
-    """(sorted points, owner index of each point, next other) of the cold-path ring over `names`.
+def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """(sorted points, owner index of each point, next other, bucket starts, bucket shift) of
+    the cold-path ring over `names`.
 
     `next other[j]`: the first point clockwise after j whose owner differs from point j's
     (j itself when one destination owns the whole ring), so a key's first two distinct
@@ -322,7 +323,22 @@ def _ring(names: tuple[str, ...]) -> tuple[list[int], list[int], list[int]]:
     for j in range(2 * n - 2, -1, -1):
         far[j] = j + 1 if owners[(j + 1) % n] != owners[j % n] else far[j + 1]
     nxt = [far[j] % n if far[j] >= 0 else j for j in range(n)]
-    return points, owners, nxt
+    # bucket b holds the points whose top bits are b: `ring_start` scans one bucket (about one
+    # point) instead of bisecting all of them (~250 ns over 4,800 points of 64-bit ints)
+    shift = 64 - max(1, n.bit_length())
+    first = [bisect.bisect_left(points, b << shift) for b in range((1 << (64 - shift)) + 1)]
+    return points, owners, nxt, first, shift
+
+
+def ring_start(points: list[int], first: list[int], shift: int, h: int) -> int:
+    """`bisect.bisect_left(points, h)` for a ring hash `h` (0 <= h < 2**64) through the ring's
+    buckets (`_ring`): every point before `first[b]` is below bucket b's start, so below h, and
+    every point from `first[b + 1]` on is at or past the next bucket's start, so above h."""
+    b = h >> shift
+    i, end = first[b], first[b + 1]
+    while i < end and points[i] < h:
+        i += 1
+    return i
 
 
 @dataclass(frozen=True)
@@ -560,7 +576,13 @@ class Router:
         gateway's own."""
         self._peer_requests = 0
         """The other gateways' requests in flight, counted in `total_requests`."""
-        self._ring_points, self._ring_owners, self._ring_next = _ring(tuple(self.names))
+        (
+            self._ring_points,
+            self._ring_owners,
+            self._ring_next,
+            self._ring_first,
+            self._ring_shift,
+        ) = _ring(tuple(self.names))
         self._cold_start: dict[str, int] = {}
         """Cold key -> its ring position, last destination and ring hash, packed in one int
         (`_cold_entry`): a dict of str -> int is never tracked by the cyclic collector, where
@@ -765,7 +787,7 @@ class Router:
             return -1
         bound = self._cold_bound()
         h = ring_hash(key)
-        start = bisect.bisect_left(self._ring_points, h)
+        start = ring_start(self._ring_points, self._ring_first, self._ring_shift, h)
         if self.cold_cost:
             under = [x for x in self.live if self.inflight[x] < bound]
             if not under:
@@ -985,7 +1007,7 @@ class Router:
         if seen < 0:
             self._cold_start = self._kept(self._cold_start)
             h = ring_hash(key)
-            start = bisect.bisect_left(self._ring_points, h)
+            start = ring_start(self._ring_points, self._ring_first, self._ring_shift, h)
             if lengths is not None:
                 d = self._by_prefix(lengths, n, bound)
                 if d >= 0:

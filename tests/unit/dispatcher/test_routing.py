@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import gc
 import random
 import sys
@@ -9,9 +10,19 @@ import threading
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cacheroute.dispatcher.errors import DispatchError
-from cacheroute.dispatcher.routing import RING_VNODES, RouteKind, Router, build_table, ring_hash
+from cacheroute.dispatcher.routing import (
+    RING_VNODES,
+    RouteKind,
+    Router,
+    _ring,
+    build_table,
+    ring_hash,
+    ring_start,
+)
 
 NAMES = ["d0", "d1", "d2", "d3"]
 
@@ -647,3 +658,17 @@ def test_more_destinations_than_a_memory_entry_can_name_are_refused() -> None:
     too_many = [f"d{i}" for i in range((1 << 24) // RING_VNODES + 1)]
     with pytest.raises(DispatchError, match="at most 104857 destinations"):
         Router(too_many)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 70),
+    st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=20),
+)
+def test_ring_start_is_bisect_left_over_the_ring_points(n: int, hashes: list[int]) -> None:
+    points, _, _, first, shift = _ring(tuple(f"dest-{i}" for i in range(n)))
+    # every point itself, its neighbours and the ends, besides random hashes
+    probes = [*hashes, 0, 2**64 - 1, points[0], points[-1], points[n // 2] - 1, points[n // 2] + 1]
+    for probe in probes:
+        h = min(max(probe, 0), 2**64 - 1)
+        assert ring_start(points, first, shift, h) == bisect.bisect_left(points, h)
