@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from cacheroute.dispatcher import routing
 from cacheroute.dispatcher.dispatcher import Dispatcher
-from cacheroute.dispatcher.group_codes import group_codes
+from cacheroute.dispatcher.group_codes import group_codes, group_pairs
 from cacheroute.dispatcher.routing import KeyGroups, _groups, build_table
 
 PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
@@ -189,3 +189,40 @@ def test_the_compiled_pass_declines_keys_it_cannot_join() -> None:
         keys = ["t/a", "t/b\x00c"]
         got = _groups(keys, np.array([0, 1, 2]), np.array([1, 2]), "/")
     assert got == reference(keys, [[1], [2]], "/")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    groups=st.one_of(st.integers(1, 40), st.integers(10**5, 10**7)),
+    width=st.one_of(st.integers(1, 8), st.integers(1000, 5000)),
+)
+def test_group_pairs_are_the_distinct_sorted_codes(
+    data: st.DataObject, groups: int, width: int
+) -> None:
+    """Both ways `group_pairs` finds the pairs (a presence table when groups x width cells are
+    few, else a sort: the wide universes here take that path) give what np.unique gives."""
+    per_key = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(-1, groups - 1), st.lists(st.integers(-1, width - 1), max_size=4)
+            ),
+            max_size=50,
+        )
+    )
+    codes = np.array([g for g, _ in per_key], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum([len(t) for _, t in per_key]))).astype(np.int64)
+    targets = np.array([t for _, ts in per_key for t in ts], dtype=np.int64)
+    want = sorted({g * width + t for g, ts in per_key if g >= 0 for t in ts if t >= 0})
+    assert group_pairs(codes, offsets, targets, width).tolist() == want
+
+
+def test_group_pairs_hand_derived() -> None:
+    # key 0: group 1 -> d2, d0; key 1: no group; key 2: group 1 -> d2 again, d-1 unknown;
+    # key 3: group 0 -> d1. Width 3: codes 1*3+0, 1*3+2, 0*3+1 -> 1, 3, 5.
+    codes = np.array([1, -1, 1, 0], dtype=np.int64)
+    offsets = np.array([0, 2, 3, 5, 6], dtype=np.int64)
+    targets = np.array([2, 0, 1, 2, -1, 1], dtype=np.int64)
+    assert group_pairs(codes, offsets, targets, 3).tolist() == [1, 3, 5]
+    empty = np.zeros(0, dtype=np.int64)
+    assert group_pairs(empty, np.zeros(1, dtype=np.int64), empty, 1).tolist() == []
