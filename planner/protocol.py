@@ -81,7 +81,8 @@ exactly the newest version's chunk per index; indices a version no longer uses g
 DEFAULT_MAX_CHUNK_BYTES = 64 * 1024
 """Small enough that decoding one chunk takes well under a millisecond (~0.6 ms for ~1,500 keys
 here): gateways decode chunks in a background thread while routing, and one chunk's decode holds
-the GIL. Far below Kafka's 1 MB default message limit; zstd batches many chunks per request."""
+the GIL. Far below Kafka's 1 MB default message limit; the producer batches many chunks per
+request."""
 HARD_MAX_CHUNK_BYTES = 900 * 1024
 """No chunk may be larger (the broker's default max.message.bytes is 1 MiB + 12 bytes)."""
 

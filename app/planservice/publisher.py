@@ -221,6 +221,11 @@ class PlanPublisher:
                 "transactional.id": transactional_id,
                 "transaction.timeout.ms": transaction_timeout_ms,
                 "linger.ms": 20,
+                # lz4, not the producers' zstd: every gateway decompresses every version in the
+                # time the plan takes to reach it, the planner compresses it once. Measured with
+                # `bench propagation` (8 gateways, 61k admitted keys): 1.15 MB a version on the
+                # broker against 0.92 MB, p99 262-290 ms against 311-327 ms.
+                "compression.type": "lz4",
             },
         )
         self._clock = clock
