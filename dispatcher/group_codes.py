@@ -131,33 +131,38 @@ def group_pairs(codes: Any, offsets: Any, targets: Any, width: int) -> Any:
     of its destinations known here (>= 0): what `np.unique` gives, computed without the GIL
     (an `np.unique` over a 61k-key plan holds it ~1.5 ms, longer than a gateway may stall).
 
-    When groups x width cells are few next to the pairs (a 61k-key plan has ~1k groups over 30
-    destinations: 30k cells), a presence table marks each pair and one scan of it yields them in
-    order: linear, where sorting the 61k pair codes took ~3-4 ms of a gateway's CPU per version.
+    When the codes span few cells next to their number (a 61k-key plan has ~1k groups over 30
+    destinations: 30k cells), a presence table marks each code and one scan of it yields them in
+    order: linear, where sorting the 61k codes took ~3-4 ms of a gateway's CPU per version.
     Otherwise (many groups over many destinations) the codes are sorted and deduplicated."""
-    groups = 0
-    for k in range(codes.shape[0]):
-        if codes[k] >= groups:
-            groups = codes[k] + 1
-    if groups * width <= 4 * targets.shape[0] + 65536:
-        return _pairs_by_table(codes, offsets, targets, width, groups * width)
-    return _pairs_by_sort(codes, offsets, targets, width)
-
-
-@njit
-def _pairs_by_table(codes: Any, offsets: Any, targets: Any, width: int, cells: int) -> Any:
-    seen = np.zeros(cells, np.bool_)
+    out = np.empty(targets.shape[0], np.int64)
     m = 0
+    cells = 0
     for k in range(codes.shape[0]):
         g = codes[k]
         if g < 0:
             continue
         for j in range(offsets[k], offsets[k + 1]):
             t = targets[j]
-            if t >= 0 and not seen[g * width + t]:
-                seen[g * width + t] = True
+            if t >= 0:
+                out[m] = g * width + t
+                cells = max(cells, out[m] + 1)
                 m += 1
-    found = np.empty(m, np.int64)
+    if cells <= 4 * m + 65536:
+        return _distinct_by_table(out[:m], cells)
+    return _distinct_by_sort(out[:m])
+
+
+@njit
+def _distinct_by_table(values: Any, cells: int) -> Any:
+    """The distinct values (all in [0, cells)) in ascending order, by a presence table."""
+    seen = np.zeros(cells, np.bool_)
+    distinct = 0
+    for v in values:
+        if not seen[v]:
+            seen[v] = True
+            distinct += 1
+    found = np.empty(distinct, np.int64)
     i = 0
     for c in range(cells):
         if seen[c]:
@@ -167,21 +172,11 @@ def _pairs_by_table(codes: Any, offsets: Any, targets: Any, width: int, cells: i
 
 
 @njit
-def _pairs_by_sort(codes: Any, offsets: Any, targets: Any, width: int) -> Any:
-    out = np.empty(targets.shape[0], np.int64)
-    m = 0
-    for k in range(codes.shape[0]):
-        g = codes[k]
-        if g < 0:
-            continue
-        for j in range(offsets[k], offsets[k + 1]):
-            t = targets[j]
-            if t >= 0:
-                out[m] = g * width + t
-                m += 1
-    pairs = np.sort(out[:m])
+def _distinct_by_sort(values: Any) -> Any:
+    """The distinct values in ascending order, by a sort."""
+    pairs = np.sort(values)
     keep = 0
-    for i in range(m):
+    for i in range(pairs.shape[0]):
         if keep == 0 or pairs[i] != pairs[keep - 1]:
             pairs[keep] = pairs[i]
             keep += 1
