@@ -1635,8 +1635,9 @@ def _groups(
     that splits each key and fills a set per group took ~100 ms for a 61k-key plan on a 2-core
     machine, four times the rest of the table. Here the key -> group step is C-level passes per
     slice of keys (each slice short, so a routing thread waiting for the GIL gets it soon), or
-    one dict probe per key with `cache`, and the destination sets are one `np.unique` over
-    (group, destination) codes.
+    one dict probe per key with `cache`, and the destination sets are the distinct
+    (group, destination) codes (`group_codes.group_pairs` with numba: a presence table, no
+    sort; else one `np.unique`).
     """
     step = step or len(keys) or 1
     compiled = compiled_groups()
