@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import hashlib
 import random
 import sys
 import threading
@@ -672,3 +673,19 @@ def test_ring_start_is_bisect_left_over_the_ring_points(n: int, hashes: list[int
     for probe in probes:
         h = min(max(probe, 0), 2**64 - 1)
         assert ring_start(points, first, shift, h) == bisect.bisect_left(points, h)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=80))
+def test_ring_hash_is_blake2b_64_little_endian(text: str) -> None:
+    """The ring must not move between releases (every gateway has to agree on cold homes):
+    the documented definition, computed independently."""
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    assert ring_hash(text) == int.from_bytes(digest, "little")
+
+
+def test_ring_hash_known_values() -> None:
+    # pinned when the ring was defined: a change here moves every cold key's home
+    assert ring_hash("d0#0") == 9665760405388086815
+    assert ring_hash("tenant-1/chat-7") == 16551193941643567869
+    assert ring_hash("é/ü") == 7231565229272854847
