@@ -463,8 +463,8 @@ def _drain(table: RoutingTable, pause: Callable[[], None], step: int) -> None:
             continue
         held: list[object] = []
         keys = iter(d)
-        while len(held) < len(d):
-            held.extend(islice(keys, step))
+        while part := list(islice(keys, step)):
+            held += part
             pause()
         del keys
         d.clear()
