@@ -1,15 +1,19 @@
-"""Test doubles for the emitter: a producer that keeps what it is given, and a settable clock."""
+"""Test doubles: for the emitter, a producer that keeps what it is given and a settable clock; for
+the dispatcher, a plan with just the parts `Dispatcher.apply_plan` and `table_from_plan` read."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
+import numpy as np
 from confluent_kafka import KafkaError, Message
 
 from cacheroute.schemas import RequestBatch, RequestSummary, decode_any
 
-__all__ = ["FakeClock", "FakeProducer", "Produced"]
+__all__ = ["FakeClock", "FakePlan", "FakeProducer", "Produced", "fake_plan"]
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
@@ -92,3 +96,33 @@ class FakeProducer:
 
     def __len__(self) -> int:
         return len(self._reports)
+
+
+@dataclass
+class FakePlan:
+    """The parts of a planner Plan that `Dispatcher.apply_plan` reads."""
+
+    version: int
+    created_ms: int
+    keys: tuple[str, ...]
+    offsets: np.ndarray
+    targets: np.ndarray
+    destinations: tuple[SimpleNamespace, ...]
+    params: SimpleNamespace
+
+
+def fake_plan(
+    version: int, pairs: list[tuple[str, list[int]]], names: list[str], sep: str | None = "/"
+) -> FakePlan:
+    """A plan admitting `pairs` (key, destination indices into `names`) with sibling separator
+    `sep` (None: no sibling groups)."""
+    sizes = [len(d) for _, d in pairs]
+    return FakePlan(
+        version,
+        int(time.time() * 1000),
+        tuple(k for k, _ in pairs),
+        np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
+        np.array([t for _, d in pairs for t in d], dtype=np.int64),
+        tuple(SimpleNamespace(name=n) for n in names),
+        SimpleNamespace(group_separator=sep, control_interval_s=60.0),
+    )

@@ -3,31 +3,15 @@ comes in slices with a pause between them, so a routing thread waiting for the G
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
-
 from cacheroute.dispatcher.dispatcher import _drain
 from cacheroute.dispatcher.routing import table_from_plan
-
-
-def _plan(pairs: list[tuple[str, list[int]]], names: list[str], sep: str | None) -> SimpleNamespace:
-    sizes = [len(d) for _, d in pairs]
-    return SimpleNamespace(
-        version=1,
-        created_ms=0,
-        keys=tuple(k for k, _ in pairs),
-        offsets=np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
-        targets=np.array([t for _, d in pairs for t in d], dtype=np.int64),
-        destinations=tuple(SimpleNamespace(name=n) for n in names),
-        params=SimpleNamespace(group_separator=sep),
-    )
+from tests.unit.dispatcher.fakes import fake_plan
 
 
 def test_a_drained_table_is_empty_and_paced_by_slices() -> None:
     names = ["d0", "d1", "d2"]
     single = [(f"t{i % 2}/k{i}", [0]) for i in range(10)]  # 10 one-destination keys
-    table = table_from_plan(_plan([*single, ("t0/wide", [1, 2])], names, "/"), names)
+    table = table_from_plan(fake_plan(1, [*single, ("t0/wide", [1, 2])], names), names)
     dicts = [*table.shards, table.multi, table.groups]
     assert [len(d) for d in dicts] == [10, 1, 2]  # one dict of keys; the wide key; t0 and t1
     pauses: list[int] = []
@@ -41,7 +25,7 @@ def test_a_drained_table_is_empty_and_paced_by_slices() -> None:
 def test_keys_held_elsewhere_survive_the_drain() -> None:
     names = ["d0", "d1"]
     keys = [f"conversation-{i}" for i in range(7)]
-    table = table_from_plan(_plan([(k, [1]) for k in keys], names, None), names)
+    table = table_from_plan(fake_plan(1, [(k, [1]) for k in keys], names, sep=None), names)
     _drain(table, lambda: None, 2)
     assert keys == [f"conversation-{i}" for i in range(7)]
     assert all(len(d) == 0 for d in table.shards)

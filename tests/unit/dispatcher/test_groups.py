@@ -11,11 +11,8 @@ and slices of any size. Both ways of finding keys' groups are checked: the compi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -27,6 +24,7 @@ from cacheroute.dispatcher import routing
 from cacheroute.dispatcher.dispatcher import Dispatcher
 from cacheroute.dispatcher.group_codes import group_codes, group_pairs
 from cacheroute.dispatcher.routing import KeyGroups, _groups, build_table
+from tests.unit.dispatcher.fakes import fake_plan
 
 PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 
@@ -40,32 +38,6 @@ def _path(compiled: bool) -> Iterator[None]:
     else:
         with mock.patch.object(routing, "compiled_groups", return_value=None):
             yield
-
-
-@dataclass
-class _Plan:
-    """The parts of a planner Plan that `Dispatcher.apply_plan` reads."""
-
-    version: int
-    created_ms: int
-    keys: tuple[str, ...]
-    offsets: np.ndarray
-    targets: np.ndarray
-    destinations: tuple[SimpleNamespace, ...]
-    params: SimpleNamespace
-
-
-def _plan(version: int, pairs: list[tuple[str, list[int]]], names: list[str]) -> _Plan:
-    sizes = [len(d) for _, d in pairs]
-    return _Plan(
-        version,
-        int(time.time() * 1000),
-        tuple(k for k, _ in pairs),
-        np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
-        np.array([t for _, d in pairs for t in d], dtype=np.int64),
-        tuple(SimpleNamespace(name=n) for n in names),
-        SimpleNamespace(group_separator="/", control_interval_s=60.0),
-    )
 
 
 def reference(keys: list[str], dests: list[list[int]], sep: str) -> dict[str, tuple[int, ...]]:
@@ -163,12 +135,12 @@ def test_the_cache_splits_only_keys_it_has_not_seen() -> None:
 def test_a_dispatcher_routes_new_keys_by_group(compiled: bool) -> None:
     names = [f"d{i}" for i in range(4)]
     d = Dispatcher(names)
-    plan = _plan(1, [("t1/a", [0]), ("t1/b", [2]), ("t2/x", [3])], names)
+    plan = fake_plan(1, [("t1/a", [0]), ("t1/b", [2]), ("t2/x", [3])], names)
     with _path(compiled):
         assert d.apply_plan(plan)
         assert d.table is not None
         assert dict(d.table.groups) == {"t1": (0, 2), "t2": (3,)}
-        assert d.apply_plan(_plan(2, [("t1/a", [1]), ("t2/x", [3]), ("t2/y", [0])], names))
+        assert d.apply_plan(fake_plan(2, [("t1/a", [1]), ("t2/x", [3]), ("t2/y", [0])], names))
     assert dict(d.table.groups) == {"t1": (1,), "t2": (0, 3)}
     assert d._key_groups is not None
     # the Python path remembers the keys it split (the compiled one needs no memory)
