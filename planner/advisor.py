@@ -8,8 +8,10 @@ no formula. This one is explicit and every number is in the answer, so an operat
   staleness cost (horizon H) = max(0, value of keys only the candidate admits - value of keys only
                                the live plan admits) x H, with H = the control interval: what
                                keeping the live plan forgoes until the next chance to publish
-  re-warm cost               = value of the keys both admit whose destination set changes
-                               x rewarm_s: their traffic runs cold at the new home for a while
+  re-warm cost               = value of the keys both admit whose destination set changes,
+                               each x the share of its new destinations it did not have
+                               (`PlanDiff.moved_shares`), x rewarm_s: that part of their traffic
+                               runs cold at the new replicas for a while
   imbalance                  = max/mean expected load of the live plan under the new rates
 
 Publish when the destinations changed (the live plan may route to a removed one), when the live
@@ -53,6 +55,8 @@ class Advice:
     """Value/s of keys the live plan admits and the candidate drops."""
     moved_keys: int
     moved_rate: float
+    """Requests/s the candidate sends to replicas that are not warm for their key: each moved
+    key's rate x the share of its new destinations it did not have (`PlanDiff.moved_shares`)."""
     moved_value: float
     live_max_over_mean: float
     candidate_max_over_mean: float
@@ -108,15 +112,19 @@ def advise(
     index = {key: i for i, key in enumerate(keys)}
     weight = rates if prefix_tokens is None else rates * prefix_tokens
 
-    def value_of(names: Sequence[str]) -> tuple[float, float]:
+    def value_of(
+        names: Sequence[str], shares: Sequence[float] | None = None
+    ) -> tuple[float, float]:
         pos = np.fromiter(map(index.get, names, repeat(-1, len(names))), np.int64, len(names))
-        pos = pos[pos >= 0]
-        return math.fsum(rates[pos].tolist()), math.fsum(weight[pos].tolist())
+        share = np.ones(len(names)) if shares is None else np.asarray(shares, dtype=np.float64)
+        known = pos >= 0
+        pos, share = pos[known], share[known]
+        return math.fsum((rates[pos] * share).tolist()), math.fsum((weight[pos] * share).tolist())
 
     diff = plan_diff(live, candidate)
     off_rate, off_value = value_of(diff.added_keys)
     _, lost_value = value_of(diff.removed_keys)
-    moved_rate, moved_value = value_of(diff.moved_keys)
+    moved_rate, moved_value = value_of(diff.moved_keys, diff.moved_shares)
     live_mom = max_over_mean(expected_loads(live, keys, rates), live.capacities)
     staleness = max(0.0, off_value - lost_value) * horizon
     rewarm = moved_value * rewarm_s

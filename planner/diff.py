@@ -3,6 +3,14 @@
 A key "moved" when its destination *set* changed (compared by destination name, so plans over
 different destination lists compare correctly). The order inside the set does not matter: the
 dispatcher sends each request to the least-loaded member, so reordering warms nothing new.
+
+How much of a moved key's rate moved: the share of its traffic that `b` sends to destinations
+that were not in its set under `a` (`moved_shares`), not all of it. The dispatcher spreads a
+key over its members about evenly, so a key on {d0, d1, d2} that moves to {d0, d1, d3} sends a
+third of its requests to a cold replica while the other two stay warm; one that shrinks to
+{d0, d1} sends none. Counting the whole rate of every multi-replica key whose set changed made
+re-planning look several times costlier than it is (the publish advisor's re-warm cost, the
+planner's `moved_rate_fraction` gauge, replay's `moved_rate_share`).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cacheroute.planner.plan import BoolArray, IntArray, Plan
+from cacheroute.planner.plan import BoolArray, FloatArray, IntArray, Plan
 
 __all__ = ["PlanDiff", "plan_diff", "same_destination_sets"]
 
@@ -32,7 +40,8 @@ class PlanDiff:
     kept_keys: int
     """Admitted by both with the same destination set."""
     moved_rate: float
-    """Sum of `b`'s rates of the moved keys."""
+    """Sum over the moved keys of `b`'s rate x its `moved_shares` entry: the rate that now goes
+    to a destination that was not warm for its key."""
     added_rate: float
     """Sum of `b`'s rates of the added keys."""
     removed_rate: float
@@ -41,6 +50,10 @@ class PlanDiff:
     """Keys `b` admits."""
     admitted_rate: float
     """Rate `b` admits."""
+    moved_shares: tuple[float, ...] = ()
+    """Per moved key (aligned with `moved_keys`): the share of its destinations in `b` that it
+    did not have in `a`, |new - old| / |new| (1.0 for a single-replica key that moved, 0.0 for a
+    set that only shrank)."""
 
     @property
     def changed_keys_fraction(self) -> float:
@@ -111,7 +124,8 @@ def plan_diff(a: Plan, b: Plan) -> PlanDiff:
     ia = np.fromiter(map(pos_in_a.get, b.keys, repeat(-1, nb)), dtype=np.int64, count=nb)
     b_index = {name: i for i, name in enumerate(b.destination_names)}
     a_to_b = np.array([b_index.get(name, -1) for name in a.destination_names], dtype=np.int64)
-    same = same_destination_sets(a.offsets, a_to_b[a.targets], ia, b.offsets, b.targets)
+    a_targets = a_to_b[a.targets]
+    same = same_destination_sets(a.offsets, a_targets, ia, b.offsets, b.targets)
     in_a = ia >= 0
     moved = in_a & ~same
     added = ~in_a
@@ -119,17 +133,56 @@ def plan_diff(a: Plan, b: Plan) -> PlanDiff:
     in_b[ia[in_a]] = True
     removed = np.flatnonzero(~in_b)
     b_rates = b.rates.tolist()
+    moved_at = np.flatnonzero(moved)
+    shares = _new_destination_shares(a, a_targets, ia[moved_at], b, moved_at).tolist()
     return PlanDiff(
         moved_keys=_pick(b.keys, moved),
         added_keys=_pick(b.keys, added),
         removed_keys=tuple(a.keys[i] for i in removed.tolist()),
         kept_keys=int(np.count_nonzero(same)),
-        moved_rate=math.fsum(b_rates[i] for i in np.flatnonzero(moved).tolist()),
+        moved_rate=math.fsum(
+            b_rates[i] * f for i, f in zip(moved_at.tolist(), shares, strict=True)
+        ),
         added_rate=math.fsum(b_rates[i] for i in np.flatnonzero(added).tolist()),
         removed_rate=math.fsum(a.rates[removed].tolist()),
         admitted_keys=nb,
         admitted_rate=b.admitted_rate,
+        moved_shares=tuple(shares),
     )
+
+
+def _new_destination_shares(
+    a: Plan, a_targets: IntArray, ia: IntArray, b: Plan, at: IntArray
+) -> FloatArray:
+    """Per key `at[j]` of b (its index `ia[j]` in a): the share of its destinations in b that are
+    not among its destinations in a.
+
+    `a_targets` must already be in b's destination index space (-1 for a destination b lacks).
+    Vectorised: every (key, destination) pair becomes one integer, and b's pairs are looked up
+    among a's.
+    """
+    if ia.size == 0:
+        return np.zeros(0, dtype=np.float64)
+    destinations = len(b.destination_names)
+    b_start = b.offsets[at]
+    seg_of = np.arange(ia.size, dtype=np.int64)
+    kb = b.offsets[at + 1] - b_start
+    kb_seg = np.repeat(seg_of, kb)
+    b_pos = np.arange(kb_seg.size, dtype=np.int64) - (np.cumsum(kb) - kb)[kb_seg] + b_start[kb_seg]
+    new_codes = kb_seg * destinations + b.targets[b_pos]
+    ka = a.offsets[ia + 1] - a.offsets[ia]
+    ka_seg = np.repeat(seg_of, ka)
+    a_pos = (
+        np.arange(ka_seg.size, dtype=np.int64)
+        - (np.cumsum(ka) - ka)[ka_seg]
+        + a.offsets[ia][ka_seg]
+    )
+    old = a_targets[a_pos]
+    old_codes = (ka_seg * destinations + old)[old >= 0]
+    fresh = ~np.isin(new_codes, old_codes)
+    counts = np.bincount(kb_seg[fresh], minlength=ia.size).astype(np.float64)
+    out: FloatArray = counts / np.maximum(kb, 1)
+    return out
 
 
 def _pick(keys: tuple[str, ...], mask: BoolArray) -> tuple[str, ...]:

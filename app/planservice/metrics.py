@@ -95,7 +95,8 @@ class PlannerMetrics:
             ),
             moved_rate_fraction=Gauge(
                 p + "moved_rate_fraction",
-                "Share of the admitted rate whose home changed in the last published version",
+                "Share of the admitted rate sent to a replica not warm for its key in the last "
+                "published version (new keys, and moved keys' traffic to their new replicas)",
                 registry=reg,
             ),
             input_lag_seconds=Gauge(

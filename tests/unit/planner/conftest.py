@@ -7,11 +7,42 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from cacheroute.planner import Destination, Plan, PlannerParams, build_plan
+from cacheroute.planner import (
+    Destination,
+    Plan,
+    PlannerParams,
+    build_plan,
+    plan_from_dict,
+    plan_to_dict,
+)
 from cacheroute.planner.plan import FloatArray
 
 RatesFactory = Callable[..., tuple[list[str], FloatArray]]
 PlanFactory = Callable[..., Plan]
+
+
+def fixed_plan(
+    assignments: dict[str, tuple[str, ...]],
+    rates: dict[str, float],
+    names: tuple[str, ...] = ("d0", "d1", "d2", "d3"),
+) -> Plan:
+    """A valid plan with exactly these destination sets (by name, in this order) and rates
+    (q_cap 1: a key's k_b is ceil(rate)), each key's rate split evenly over its set."""
+    data = plan_to_dict(
+        build_plan(["k"], [1.0], list(names), PlannerParams(q_cap=1.0, warm_slots=4))
+    )
+    order = sorted(assignments, key=lambda k: (-rates[k], k))  # placement order, as plans list
+    data["assignments"] = {k: list(assignments[k]) for k in order}
+    data["rates"] = {k: rates[k] for k in order}
+    loads = dict.fromkeys(names, 0.0)
+    for key, dests in assignments.items():
+        for d in dests:
+            loads[d] += rates[key] / len(dests)
+    data["loads"] = loads
+    data["total_rate"] = sum(rates.values())
+    data["cold_rate"] = 0.0
+    data["stats"]["keys"] = len(rates)
+    return plan_from_dict(data)
 
 
 def make_rates(n: int = 300, *, seed: int = 0, sigma: float = 1.2) -> tuple[list[str], FloatArray]:

@@ -6,7 +6,7 @@ import numpy as np
 
 from cacheroute.planner import PlannerParams, advise, build_plan
 
-from .conftest import RatesFactory
+from .conftest import RatesFactory, fixed_plan
 
 
 def test_no_live_plan_publishes() -> None:
@@ -70,3 +70,15 @@ def test_imbalance_and_destination_changes_force_publication(rates_factory: Rate
     assert any("imbalanced" in r for r in advice.reasons)
     moved = build_plan(keys, rates, ["d0", "d1"], params, prev=live)
     assert "destinations changed" in advise(live, moved, keys, rates).reasons
+
+
+def test_rewarm_cost_counts_only_the_replicas_a_key_did_not_have() -> None:
+    # hot (rate 2 = two replicas at q_cap 1) trades d1 for d2: half its traffic goes cold;
+    # warm shrinks from three replicas to two of them: none of its traffic goes cold
+    live = fixed_plan({"hot": ("d0", "d1"), "warm": ("d1", "d2", "d3")}, {"hot": 2.0, "warm": 3.0})
+    cand = fixed_plan({"hot": ("d0", "d2"), "warm": ("d1", "d2")}, {"hot": 2.0, "warm": 2.0})
+    advice = advise(live, cand, ["hot", "warm"], np.array([2.0, 2.0]), rewarm_s=10.0)
+    assert advice.moved_keys == 2
+    assert advice.moved_rate == 1.0
+    assert advice.moved_value == 1.0  # no prefix tokens: a request's value is 1
+    assert advice.rewarm_cost == 10.0

@@ -18,7 +18,7 @@ from cacheroute.planner import (
     plan_to_dict,
 )
 
-from .conftest import PlanFactory
+from .conftest import PlanFactory, fixed_plan
 
 PARAMS = PlannerParams(q_cap=10.0, warm_slots=1)
 
@@ -99,3 +99,35 @@ def test_a_plan_file_that_breaks_an_invariant_is_rejected() -> None:
     data["assignments"]["x"] = ["d0", "d0"]
     with pytest.raises(PlannerError, match="invalid plan"):
         plan_from_dict(data)
+
+
+def test_moved_rate_counts_only_traffic_to_replicas_that_were_not_warm() -> None:
+    # hand-derived: each key's traffic splits evenly over its set; only new members are cold
+    a = fixed_plan(
+        {"grow": ("d0",), "swap": ("d0", "d1", "d2"), "shrink": ("d0", "d1", "d2"), "hop": ("d1",)},
+        {"grow": 1.0, "swap": 3.0, "shrink": 3.0, "hop": 1.0},
+    )
+    b = fixed_plan(
+        {"grow": ("d0", "d1"), "swap": ("d3", "d1", "d0"), "shrink": ("d1", "d2"), "hop": ("d2",)},
+        {"grow": 2.0, "swap": 3.0, "shrink": 2.0, "hop": 1.0},
+    )
+    diff = plan_diff(a, b)
+    assert set(diff.moved_keys) == {"grow", "swap", "shrink", "hop"}
+    shares = dict(zip(diff.moved_keys, diff.moved_shares, strict=True))
+    # grow: d1 new of {d0, d1}; swap: d3 new of three; shrink: nothing new; hop: all of it
+    assert shares == pytest.approx({"grow": 0.5, "swap": 1 / 3, "shrink": 0.0, "hop": 1.0})
+    assert diff.moved_rate == pytest.approx(2.0 * 0.5 + 3.0 / 3 + 0.0 + 1.0)
+    assert diff.changed_rate_fraction == pytest.approx(3.0 / 8.0)
+
+
+def test_moved_shares_follow_destinations_by_name() -> None:
+    # b lists its names in another order and has no d3: x's {d3} -> {d0} is all new
+    a = fixed_plan({"x": ("d3",), "y": ("d0", "d1")}, {"x": 1.0, "y": 2.0})
+    b = fixed_plan(
+        {"x": ("d0",), "y": ("d0", "d2")}, {"x": 1.0, "y": 2.0}, names=("d1", "d0", "d2")
+    )
+    diff = plan_diff(a, b)
+    assert set(diff.moved_keys) == {"x", "y"}
+    shares = dict(zip(diff.moved_keys, diff.moved_shares, strict=True))
+    assert shares == pytest.approx({"x": 1.0, "y": 0.5})
+    assert diff.moved_rate == pytest.approx(1.0 + 1.0)
