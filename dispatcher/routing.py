@@ -297,9 +297,20 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+_RING_HASHER: Final = hashlib.blake2b(digest_size=8)
+"""An empty blake2b-64 state: `ring_hash` copies it (never updates it, so threads share it)."""
+
+
 def ring_hash(text: str) -> int:
-    """The stable 64-bit hash of the cold-path ring (the same in every process and gateway)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    """The stable 64-bit hash of the cold-path ring (the same in every process and gateway):
+    blake2b with an 8-byte digest of the UTF-8 text, read little-endian.
+
+    Copying a ready state and updating it costs ~100 ns less than constructing one
+    (`hashlib.blake2b(data, digest_size=8)` parses its keyword arguments and sets up the
+    parameter block on every call): this runs on every cold key's first sight."""
+    hasher = _RING_HASHER.copy()
+    hasher.update(text.encode())
+    return int.from_bytes(hasher.digest(), "little")
 
 
 @functools.lru_cache(maxsize=16)

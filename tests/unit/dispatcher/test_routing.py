@@ -689,3 +689,26 @@ def test_ring_hash_known_values() -> None:
     assert ring_hash("d0#0") == 9665760405388086815
     assert ring_hash("tenant-1/chat-7") == 16551193941643567869
     assert ring_hash("é/ü") == 7231565229272854847
+
+
+def test_ring_hash_is_the_same_from_many_threads_at_once() -> None:
+    # ring_hash copies one shared blake2b state; threads must never see each other's data
+    texts = [f"tenant-{i % 97}/conv-{i}" for i in range(4000)]
+    expected = [
+        int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") for t in texts
+    ]
+    results: list[list[int]] = [[] for _ in range(4)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
+    try:
+        threads = [
+            threading.Thread(target=lambda out: out.extend(map(ring_hash, texts)), args=(r,))
+            for r in results
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert all(r == expected for r in results)
