@@ -31,7 +31,7 @@ from cacheroute.dispatcher.dispatcher import Dispatcher, DispatcherConfig
 from cacheroute.dispatcher.emitter.emitter import Emitter
 from cacheroute.dispatcher.routing import RouteKind
 from cacheroute.logs import setup_logging
-from cacheroute.replay.cache import cache_lookup_insert, new_cache
+from cacheroute.replay.cache import cache_lookup_insert, new_cache, warm_up
 from cacheroute.replay.workloads import generate, spec_for
 from cacheroute.settings import Settings
 
@@ -153,6 +153,7 @@ def run(args: GatewayArgs) -> int:  # noqa: PLR0915 - one flat replay loop
     names = [f"d{i}" for i in range(args.destinations)]
     r = len(names)
     cache = new_cache(r, args.cache_blocks)
+    warm_up()  # compile the cache kernel before the replay's clock starts
     scratch = np.zeros(max(1, int(np.diff(offsets).max(initial=1))), dtype=np.int64)
     block_tokens = reqs.block_tokens
 

@@ -49,7 +49,7 @@ from cacheroute.demo.procs import run_child_command
 from cacheroute.dispatcher.routing import Router
 from cacheroute.logs import setup_logging
 from cacheroute.openai_api import CHARS_PER_TOKEN, COMPLETIONS_PATH
-from cacheroute.replay.cache import cache_lookup_insert, new_cache
+from cacheroute.replay.cache import cache_lookup_insert, new_cache, warm_up
 from cacheroute.replay.requestset import IntArray, RequestSet
 from cacheroute.replay.workloads import generate, spec_for
 from cacheroute.serve import loop_factory
@@ -210,6 +210,7 @@ class _FlatLBShadow:
         names = [f"d{i}" for i in range(destinations)]
         self.router = Router(names, rng=random.Random(seed), cold_affinity=False)  # noqa: S311
         self.cache = new_cache(destinations, cache_blocks)
+        warm_up()  # compile the cache kernel now: the load's clock has not started
         self.r = destinations
         self.scratch = np.zeros(max(1, max_blocks), dtype=np.int64)
         self.hit = self.prompt = 0

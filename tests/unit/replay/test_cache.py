@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -89,3 +91,37 @@ def test_matches_the_ordered_dict_model(cap: int, ops: list[tuple[int, int, int]
     for d, chain, length in ops:
         blocks = [chain * 100 + j for j in range(length)]  # chains share a prefix with themselves
         assert serve(fast, r, d, blocks) == model.serve(d, blocks)
+
+
+_WARM_CHECK = """
+import numpy as np
+from cacheroute.demo.httpload import _FlatLBShadow
+from cacheroute.replay.cache import cache_lookup_insert, warm_up
+
+if not hasattr(cache_lookup_insert, "signatures"):  # NUMBA_DISABLE_JIT: nothing compiles
+    print("no-jit")
+    raise SystemExit
+before = len(cache_lookup_insert.signatures)
+shadow = _FlatLBShadow(destinations=4, cache_blocks=64, max_blocks=8, seed=0)  # warms up
+after_warm_up = list(cache_lookup_insert.signatures)
+warm_up()  # again: nothing new
+assert list(cache_lookup_insert.signatures) == after_warm_up
+trace_blocks = np.arange(10, dtype=np.int64)  # a request set's block ids (int64), sliced
+for writable in (True, False):  # RequestSet's arrays are read-only
+    trace_blocks.setflags(write=writable)
+    d = shadow.send(f"k{writable}", trace_blocks[2:7], prompt=5 * 512, block_tokens=512)
+    assert 0 <= d < 4
+print(before, len(after_warm_up), list(cache_lookup_insert.signatures) == after_warm_up)
+"""
+
+
+def test_warm_up_compiles_what_the_demo_load_generator_calls() -> None:
+    """In a fresh process, the HTTP demo's Flat-LB shadow compiles its cache kernel when it is
+    made (`warm_up`), and its first request compiles nothing more: that request must not hold
+    the load generator's loop (and its clock) for a compile."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WARM_CHECK], capture_output=True, text=True, check=True
+    ).stdout.split()
+    if out == ["no-jit"]:
+        return
+    assert out == ["0", "2", "True"]  # writable and read-only block ids
