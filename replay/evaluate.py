@@ -68,6 +68,7 @@ from cacheroute.replay.planned import rendezvous_order
 from cacheroute.replay.policies import POLICY_NAMES
 from cacheroute.replay.policy import WARM_SLOTS, PlanConfig, PolicyContext, key_hashes
 from cacheroute.replay.requestset import RequestSet
+from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import RunResult, SimConfig, simulate
 from cacheroute.replay.traces import session_hints
 
@@ -81,6 +82,7 @@ __all__ = [
     "evaluate",
     "find_knee",
     "gather",
+    "servable",
 ]
 
 Recommendation = Literal["deploy", "keep flat-lb"]
@@ -639,7 +641,7 @@ def _knee_slice(requests: RequestSet, config: EvalConfig) -> tuple[RequestSet, i
     """The knee's affinity-like slice and its replica count g = R/5 (module docstring, step 1);
     how it is cut: `_slice_mask`."""
     keyed, mask, g, _ = _slice_mask(requests, config)
-    return _subset(keyed, mask), g
+    return keyed.subset(mask, "affinity slice"), g
 
 
 _KNEE_MIN_REQUESTS = 50
@@ -773,30 +775,6 @@ def _choose_slo(
     ms = auto_slo_ms(max(idle, slice_idle), config.slo_ms)
     choice = SloChoice(ms, True, idle, slice_idle, default_ms=config.slo_ms)
     return choice, floor, n_base + n_slice
-
-
-def _subset(q: RequestSet, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> RequestSet:
-    idx = np.flatnonzero(mask)
-    sizes = np.diff(q.block_offsets)[idx]
-    offsets = np.zeros(idx.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    gather = np.repeat(q.block_offsets[:-1][idx] - offsets[:-1], sizes) + np.arange(
-        int(offsets[-1])
-    )
-    return replace(
-        q,
-        times=q.times[idx],
-        key_index=q.key_index[idx],
-        prompt_tokens=q.prompt_tokens[idx],
-        output_tokens=q.output_tokens[idx],
-        prefix_tokens=q.prefix_tokens[idx],
-        block_offsets=offsets,
-        block_ids=q.block_ids[gather],
-        notes=(*q.notes, "affinity slice"),
-        conversations=(
-            None if q.conversations is None else tuple(q.conversations[i] for i in idx.tolist())
-        ),
-    )
 
 
 def _sweep(
@@ -943,6 +921,35 @@ def gather(
         ) from None
 
 
+def servable(requests: RequestSet, service: ServiceModel) -> RequestSet:
+    """`requests` without those whose prompt exceeds a replica's KV capacity
+    (`service.cache_tokens`), with a note saying how many were left out and why.
+
+    Why: no engine serves them - vLLM refuses a prompt over its `max_model_len`, and will not
+    start with a `max_model_len` its KV cache cannot hold - while the simulator would run one for
+    minutes and queue its replica behind it. A single such record (a 10M-token prompt in a
+    2,000-request trace) took every policy's SLO capacity to 0. Raises if none is left.
+    """
+    over = requests.prompt_tokens > service.cache_tokens
+    count = int(over.sum())
+    if not count:
+        return requests
+    longest = int(requests.prompt_tokens.max())
+    if count == requests.n:
+        raise ReplayError(
+            f"every request's prompt is longer than a replica's KV capacity "
+            f"({service.cache_tokens:,} tokens; the longest {longest:,}); no engine could serve "
+            "them: raise --cache-tokens to what your replicas hold"
+        )
+    return requests.subset(
+        ~over,
+        f"left out {count:,} of {requests.n:,} requests whose prompt exceeds a replica's KV "
+        "capacity "
+        f"({service.cache_tokens:,} tokens, --cache-tokens; the longest {longest:,}): "
+        "an engine refuses them",
+    )
+
+
 def evaluate(
     base: RequestSet,
     config: EvalConfig,
@@ -959,6 +966,8 @@ def evaluate(
     in `plan.q_cap_source`. Without them the knee is measured on `base` itself.
     """
     rep = reporter or _Silent()
+    base = servable(base, config.sim.service)
+    knee_requests = None if knee_requests is None else servable(knee_requests, config.sim.service)
     knee_base = knee_requests if knee_requests is not None else base
     slo, floor, slo_run = _choose_slo(base, knee_base, config, rep)
     config = replace(config, slo_ms=slo.ms)

@@ -180,6 +180,33 @@ class RequestSet:
             ),
         )
 
+    def subset(self, mask: NDArray[np.bool_], note: str) -> RequestSet:
+        """The requests where `mask` is True, in order (keys and block ids kept as they are);
+        `note` says why, in `notes`."""
+        idx = np.flatnonzero(mask)
+        sizes = np.diff(self.block_offsets)[idx]
+        offsets = np.zeros(idx.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        gather = np.repeat(self.block_offsets[:-1][idx] - offsets[:-1], sizes) + np.arange(
+            int(offsets[-1])
+        )
+        return replace(
+            self,
+            times=self.times[idx],
+            key_index=self.key_index[idx],
+            prompt_tokens=self.prompt_tokens[idx],
+            output_tokens=self.output_tokens[idx],
+            prefix_tokens=self.prefix_tokens[idx],
+            block_offsets=offsets,
+            block_ids=self.block_ids[gather],
+            notes=(*self.notes, note),
+            conversations=(
+                None
+                if self.conversations is None
+                else tuple(self.conversations[i] for i in idx.tolist())
+            ),
+        )
+
     def head(self, count: int) -> RequestSet:
         """The first `count` requests (keys and block ids kept as they are)."""
         count = max(0, min(count, self.n))

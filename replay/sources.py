@@ -27,6 +27,7 @@ from cacheroute.replay.traces import (
     TraceFormat,
     read_trace,
     require_arrivals,
+    require_one_clock,
 )
 from cacheroute.replay.workloads import WorkloadKind, generate, spec_for
 
@@ -137,6 +138,7 @@ def load_source(spec: SourceSpec) -> RequestSet:
     if spec.recorded is not None:
         base = spec.recorded
         require_arrivals(base, "the recorded requests")
+        require_one_clock(base, "the recorded requests")
         copies = spec.tile if spec.tile is not None else max(1, math.ceil(spec.requests / base.n))
         return base.tiled(copies, rng) if copies > 1 else base
     if spec.workload is not None:

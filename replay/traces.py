@@ -54,6 +54,7 @@ __all__ = [
     "read_mooncake",
     "read_trace",
     "require_arrivals",
+    "require_one_clock",
 ]
 
 TraceFormat = Literal["mooncake", "bailian", "azure", "csv"]
@@ -77,7 +78,8 @@ def read_trace(
 ) -> RequestSet:
     """Read `path` in format `fmt` (see the module docstring for each format's options).
 
-    Refuses a trace whose requests all carry the same timestamp (`require_arrivals`)."""
+    Refuses a trace whose requests all carry the same timestamp (`require_arrivals`), or whose
+    time is nearly all one pause, a clock off in a few records (`require_one_clock`)."""
     if fmt == "mooncake":
         out = read_mooncake(path, key_blocks=key_blocks, limit=limit)
     elif fmt == "bailian":
@@ -96,6 +98,7 @@ def read_trace(
     else:
         raise ReplayError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
     require_arrivals(out, str(path))
+    require_one_clock(out, str(path))
     return out
 
 
@@ -114,6 +117,66 @@ def require_arrivals(requests: RequestSet, what: str) -> None:
             "so there is no arrival rate to replay or rescale; give each request its arrival "
             "time (Mooncake `timestamp` in ms, Azure `TIMESTAMP`, generic `ts` in seconds)"
         )
+
+
+ONE_CLOCK_STRETCH = 10.0
+"""`require_one_clock` refuses a trace whose span is more than this many times the span of its
+central requests (all but the first and last 1%)."""
+_ONE_CLOCK_MIN_REQUESTS = 20
+
+
+def require_one_clock(requests: RequestSet, what: str) -> None:
+    """Raise `ReplayError` when a few records lie far in time from all the others.
+
+    Why: every replay rescales time by the trace's mean rate (requests / span), so one record
+    whose clock is off - a timestamp a day, or a thousand years, from the others - stretches the
+    span and silently turns the replay into one burst of everything else: the capacities, the
+    auto SLO and the verdict all came out plausible-looking and wrong (one record at 1e18 ms in
+    a 2,000-request trace: Flat-LB 49 req/s instead of 27, an auto SLO of 240 s instead of
+    21 s). The test: the whole span against the span of the central requests (all but the first
+    and last 1%, at least one each side), so any number of such records, early or late, count.
+    A trace whose first or last 1% really is spread that thin has no one mean rate either; the
+    message says which records lie outside, by their timestamps, and the user decides.
+    """
+    n = requests.n
+    if n < _ONE_CLOCK_MIN_REQUESTS:
+        return
+    times = requests.times
+    k = max(1, n // 100)
+    lo, hi = float(times[k]), float(times[n - 1 - k])
+    core = hi - lo
+    span = float(times[-1] - times[0])
+    if span <= ONE_CLOCK_STRETCH * core:
+        return
+    reach = max(core, 1e-9)
+    early = times[times < lo - reach]
+    late = times[times > hi + reach]
+    parts = []
+    if early.size:
+        parts.append(
+            f"{early.size:,} record(s) from {float(early[0]):.6g} s, up to "
+            f"{_span(lo - float(early[-1]))} before the rest"
+        )
+    if late.size:
+        parts.append(
+            f"{late.size:,} record(s) up to {float(late[-1]):.6g} s, up to "
+            f"{_span(float(late[-1]) - hi)} after the rest"
+        )
+    raise ReplayError(
+        f"{what}: {' and '.join(parts)}; the other requests span {_span(core)}, the whole trace "
+        f"{_span(span)}. Its mean rate, and every load a replay rescales from it, would be "
+        "meaningless. A clock is probably off in those records: fix or remove them (times here "
+        "are in seconds; a trace with a real pause that long is two traces: "
+        "evaluate each)"
+    )
+
+
+def _span(seconds: float) -> str:
+    """Seconds as a person reads a duration."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def _lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:

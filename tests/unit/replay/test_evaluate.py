@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cacheroute.replay import evaluate as evaluate_module
@@ -22,6 +23,7 @@ from cacheroute.replay.report import (
     render_evidence,
     render_run,
 )
+from cacheroute.replay.requestset import make_request_set
 from cacheroute.replay.simulator import SimConfig
 
 from .conftest import WorkloadFactory
@@ -340,3 +342,37 @@ def test_replay_replans_at_the_planner_services_cadence(tiny_factory: Any) -> No
     assert old.interval_s(long) == 200.0
     assert old.intervals_for(long) == 15
     assert old.rate_decay_for(long) == 1.0
+
+
+def test_a_prompt_no_replica_can_hold_is_left_out_not_simulated(
+    workload_factory: WorkloadFactory,
+) -> None:
+    # the reference: the same evaluation without the record. Simulated, one 10M-token prompt
+    # held its replica for hours and took every policy's capacity to 0
+    q = workload_factory("whale", requests=1500, keys=150)
+    sizes = np.diff(q.block_offsets).tolist()
+    ids = q.block_ids.tolist()
+    lists = [ids[o : o + s] for o, s in zip(q.block_offsets.tolist(), sizes, strict=False)]
+    middle = float(q.times[q.n // 2])
+    with_huge = make_request_set(
+        times=[*q.times.tolist(), middle],
+        keys=[*(q.keys[k] for k in q.key_index.tolist()), "huge"],
+        prompt_tokens=[*q.prompt_tokens.tolist(), 10_000_000],
+        output_tokens=[*q.output_tokens.tolist(), 10],
+        block_lists=[*lists, [10**9 + j for j in range(10_000_000 // q.block_tokens)]],
+        prefix_tokens=[*q.prefix_tokens.tolist(), 0],
+        block_tokens=q.block_tokens,
+        source=q.source,
+    )
+    cfg = EvalConfig(
+        policies=("flat-lb", "cacheroute"),
+        sim=SimConfig(destinations=5),
+        load_factors=(0.4, 0.8, 1.2),
+        refine_steps=1,
+    )
+    ref, got = evaluate(q, cfg), evaluate(with_huge, cfg)
+    for name in cfg.policies:
+        assert got.policies[name].slo_capacity_qps > 0
+        assert got.policies[name].slo_capacity_qps == ref.policies[name].slo_capacity_qps
+    notes = got.workload["notes"]
+    assert notes[-1].startswith("left out 1 of 1,501 requests whose prompt exceeds")

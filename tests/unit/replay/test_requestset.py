@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from cacheroute.replay.errors import ReplayError
+from cacheroute.replay.evaluate import servable
 from cacheroute.replay.requestset import make_request_set
+from cacheroute.replay.service import ServiceModel
 
 from .conftest import TinyFactory
 
@@ -89,3 +91,29 @@ def test_head_and_stats(tiny_factory: TinyFactory) -> None:
     assert s["requests"] == 4
     assert s["keys"] == 3
     assert 0.0 <= s["gini"] <= 1.0
+
+
+def test_subset_keeps_each_chosen_request_with_its_own_blocks(tiny_factory: TinyFactory) -> None:
+    # blocks are renumbered densely in order of first sight: [1]->0, [1,2]->0,1, [9]->3
+    q = tiny_factory([[1], [1, 2], [1, 2, 3], [9]], output=[5, 6, 7, 8])
+    s = q.subset(np.array([False, True, False, True]), "why")
+    assert s.n == 2
+    assert s.times.tolist() == [1.0, 3.0]
+    assert s.output_tokens.tolist() == [6, 8]
+    assert s.block_offsets.tolist() == [0, 2, 3]
+    assert s.block_ids.tolist() == [0, 1, 3]
+    assert [s.keys[k] for k in s.key_index.tolist()] == ["k1", "k0"]
+    assert s.notes[-1] == "why"
+
+
+def test_servable_leaves_out_prompts_no_replica_can_hold(tiny_factory: TinyFactory) -> None:
+    q = tiny_factory([[1], [2], [3]], prompt=[100, 1000, 1001])
+    service = ServiceModel(cache_tokens=1000)
+    kept = servable(q, service)
+    # a prompt of exactly the capacity fits; one token more does not
+    assert kept.prompt_tokens.tolist() == [100, 1000]
+    assert kept.notes[-1].startswith("left out 1 of 3 requests whose prompt exceeds")
+    assert "(1,000 tokens, --cache-tokens; the longest 1,001)" in kept.notes[-1]
+    assert servable(kept, service) is kept  # nothing to leave out: the same set
+    with pytest.raises(ReplayError, match="every request's prompt is longer"):
+        servable(q, ServiceModel(cache_tokens=99))

@@ -213,3 +213,77 @@ def test_session_hints_name_each_requests_conversation_under_a_coarse_key() -> N
     assert y1 == y2
     assert x1 != y1  # two conversations of one key: two hints
     assert short not in (x1, y1)  # no full block: its own session
+
+
+def _mooncake_lines(times_ms: list[float]) -> str:
+    return "".join(
+        f'{{"timestamp": {t!r}, "input_length": 600, "output_length": 1, "hash_ids": [{i}, 9]}}\n'
+        for i, t in enumerate(times_ms)
+    )
+
+
+def test_one_record_whose_clock_is_off_is_refused_with_its_time(tmp_path: Path) -> None:
+    # 200 requests one second apart (199 s), plus one dated a day later: the replay would
+    # rescale by a mean rate of 201 requests over a day and run everything else as one burst
+    times = [1000.0 * i for i in range(200)] + [86_400_000.0 + 199_000.0]
+    path = tmp_path / "late.jsonl"
+    path.write_text(_mooncake_lines(times), encoding="utf-8")
+    with pytest.raises(ReplayError) as err:
+        load_source(SourceSpec(trace=path, fmt="mooncake", requests=201))
+    text = str(err.value)
+    assert "late.jsonl: 1 record(s) up to 86599 s, up to 1 days after the rest" in text
+    # the other requests: all but the first and last 2 (1% of 201 -> 2 each side), so from
+    # 2 s to 198 s: 196 s = 3.27 min
+    assert "the other requests span 3.27 min" in text
+    assert "fix or remove them" in text
+
+
+def test_records_off_on_both_sides_are_all_named(tmp_path: Path) -> None:
+    # two records 30 years early and 3 a year late around 300 requests 1 s apart: the largest
+    # single pause is under half the span, so a one-pause rule would miss this
+    year_ms = 365.25 * 86_400_000
+    body = [30 * year_ms + 1000.0 * i for i in range(300)]
+    times = [0.0, 1.0, *body, *(31 * year_ms + 1000.0 * j for j in range(3))]
+    path = tmp_path / "both.jsonl"
+    path.write_text(_mooncake_lines(times), encoding="utf-8")
+    with pytest.raises(
+        ReplayError,
+        match=r"2 record\(s\) from 0 s, up to 30 years before the "
+        r"rest and 3 record\(s\) up to .* after the rest",
+    ):
+        load_source(SourceSpec(trace=path, fmt="mooncake", requests=len(times)))
+
+
+def test_real_pauses_and_short_traces_are_kept(tmp_path: Path) -> None:
+    # two busy halves with a quiet hour between them: the central 98% spans the pause too
+    times = [1000.0 * i for i in range(100)] + [3_700_000.0 + 1000.0 * i for i in range(100)]
+    path = tmp_path / "halves.jsonl"
+    path.write_text(_mooncake_lines(times), encoding="utf-8")
+    assert load_source(SourceSpec(trace=path, fmt="mooncake", requests=200)).n == 200
+    # under 20 requests there is no "rest" to judge a record by
+    few = [1000.0 * i for i in range(18)] + [1e12]
+    short = tmp_path / "short.jsonl"
+    short.write_text(_mooncake_lines(few), encoding="utf-8")
+    assert load_source(SourceSpec(trace=short, fmt="mooncake", requests=19)).n == 19
+
+
+def test_recorded_requests_with_a_clock_off_are_refused() -> None:
+    times = np.concatenate([np.arange(50.0), [1e9]])
+    rs = make_request_set(
+        times=times,
+        keys=["k"] * 51,
+        prompt_tokens=[100] * 51,
+        output_tokens=[1] * 51,
+        block_lists=[[1, 2]] * 51,
+        block_tokens=16,
+        source="recorded",
+    )
+    with pytest.raises(ReplayError, match=r"the recorded requests: 1 record\(s\) up to 1e\+09 s"):
+        load_source(SourceSpec(recorded=rs, requests=51))
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in DATA.iterdir() if p.suffix in (".jsonl", ".csv"))
+)
+def test_every_bundled_trace_passes_the_clock_check(name: str) -> None:
+    assert load_source(SourceSpec(trace=DATA / name, requests=100, tile=1)).n > 0
