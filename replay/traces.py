@@ -325,6 +325,8 @@ def _block_rows(
             raise ReplayError(f"{path}:{n}: bad {what} record ({exc!r})") from None
         if p < 1 or not ids:
             raise ReplayError(f"{path}:{n}: input_length and hash_ids must be non-empty")
+        if not math.isfinite(ts):
+            raise ReplayError(f"{path}:{n}: timestamp {obj['timestamp']!r} is not a finite number")
         chat, parent = obj.get("chat_id"), obj.get("parent_chat_id")
         yield ts, p, o, ids, _chat_id(chat), _chat_id(parent)
 
@@ -522,7 +524,10 @@ def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = Non
     output: list[int] = []
     for n, r in enumerate(rows, start=1):
         try:
-            times.append(float(r["ts"]))
+            ts = float(r["ts"])
+            if not math.isfinite(ts):
+                raise ValueError(f"ts {r['ts']!r} is not a finite number")
+            times.append(ts)
             keys.append(str(r["key"]))
             prompts.append(int(r["prompt_tokens"]))
             prefixes.append(int(r.get("prefix_tokens") or 0))

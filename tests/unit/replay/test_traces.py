@@ -287,3 +287,15 @@ def test_recorded_requests_with_a_clock_off_are_refused() -> None:
 )
 def test_every_bundled_trace_passes_the_clock_check(name: str) -> None:
     assert load_source(SourceSpec(trace=DATA / name, requests=100, tile=1)).n > 0
+
+
+def test_a_timestamp_that_is_not_a_finite_number_is_named_by_its_line(tmp_path: Path) -> None:
+    good = '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n'
+    path = tmp_path / "nan.jsonl"
+    path.write_text(good + good.replace("5", '"nan"', 1), encoding="utf-8")
+    with pytest.raises(ReplayError, match=r"nan\.jsonl:2: timestamp 'nan' is not a finite number"):
+        read_mooncake(path)
+    gen = tmp_path / "inf.csv"
+    gen.write_text("ts,key,prompt_tokens\n0.1,a,100\ninf,b,100\n", encoding="utf-8")
+    with pytest.raises(ReplayError, match=r"inf\.csv: row 2: .*ts 'inf' is not a finite number"):
+        read_generic(gen)
