@@ -922,32 +922,49 @@ def gather(
 
 
 def servable(requests: RequestSet, service: ServiceModel) -> RequestSet:
-    """`requests` without those whose prompt exceeds a replica's KV capacity
-    (`service.cache_tokens`), with a note saying how many were left out and why.
+    """`requests` as the replicas can serve them: without those whose prompt exceeds a replica's
+    KV capacity (`service.cache_tokens`), and with outputs cut where prompt + output reaches it,
+    each with a note saying how many and why.
 
-    Why: no engine serves them - vLLM refuses a prompt over its `max_model_len`, and will not
-    start with a `max_model_len` its KV cache cannot hold - while the simulator would run one for
-    minutes and queue its replica behind it. A single such record (a 10M-token prompt in a
-    2,000-request trace) took every policy's SLO capacity to 0. Raises if none is left.
+    Why: an engine refuses a prompt over its `max_model_len` (and vLLM will not start with a
+    `max_model_len` its KV cache cannot hold), and stops generating when the sequence reaches
+    it; the simulator would run either for simulated hours and queue its replica behind it. A
+    single 10M-token prompt in a 2,000-request trace took every policy's SLO capacity to 0; a
+    single 10M-token output took a quarter off Flat-LB's. Raises if no request is left.
     """
-    over = requests.prompt_tokens > service.cache_tokens
+    cap = service.cache_tokens
+    prompt = requests.prompt_tokens
+    over = prompt > cap
     count = int(over.sum())
-    if not count:
-        return requests
-    longest = int(requests.prompt_tokens.max())
-    if count == requests.n:
-        raise ReplayError(
-            f"every request's prompt is longer than a replica's KV capacity "
-            f"({service.cache_tokens:,} tokens; the longest {longest:,}); no engine could serve "
-            "them: raise --cache-tokens to what your replicas hold"
+    out = requests
+    if count:
+        longest = int(prompt.max())
+        if count == requests.n:
+            raise ReplayError(
+                f"every request's prompt is longer than a replica's KV capacity "
+                f"({cap:,} tokens; the longest {longest:,}); no engine could serve them: raise "
+                "--cache-tokens to what your replicas hold"
+            )
+        out = requests.subset(
+            ~over,
+            f"left out {count:,} of {requests.n:,} requests whose prompt exceeds a replica's "
+            f"KV capacity ({cap:,} tokens, --cache-tokens; the longest {longest:,}): an "
+            "engine refuses them",
         )
-    return requests.subset(
-        ~over,
-        f"left out {count:,} of {requests.n:,} requests whose prompt exceeds a replica's KV "
-        "capacity "
-        f"({service.cache_tokens:,} tokens, --cache-tokens; the longest {longest:,}): "
-        "an engine refuses them",
-    )
+    room = np.maximum(cap - out.prompt_tokens, 1)
+    cut = out.output_tokens > room
+    if cut.any():
+        out = replace(
+            out,
+            output_tokens=np.minimum(out.output_tokens, room),
+            notes=(
+                *out.notes,
+                f"cut {int(cut.sum()):,} outputs where prompt + output reaches a replica's KV "
+                f"capacity ({cap:,} tokens; the longest asked {int(out.output_tokens.max()):,}): "
+                "an engine stops there",
+            ),
+        )
+    return out
 
 
 def evaluate(

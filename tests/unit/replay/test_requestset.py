@@ -107,13 +107,18 @@ def test_subset_keeps_each_chosen_request_with_its_own_blocks(tiny_factory: Tiny
 
 
 def test_servable_leaves_out_prompts_no_replica_can_hold(tiny_factory: TinyFactory) -> None:
-    q = tiny_factory([[1], [2], [3]], prompt=[100, 1000, 1001])
+    q = tiny_factory([[1], [2], [3], [4]], prompt=[100, 1000, 1001, 300], output=[2000, 4, 4, 4])
     service = ServiceModel(cache_tokens=1000)
     kept = servable(q, service)
     # a prompt of exactly the capacity fits; one token more does not
-    assert kept.prompt_tokens.tolist() == [100, 1000]
-    assert kept.notes[-1].startswith("left out 1 of 3 requests whose prompt exceeds")
-    assert "(1,000 tokens, --cache-tokens; the longest 1,001)" in kept.notes[-1]
-    assert servable(kept, service) is kept  # nothing to leave out: the same set
+    assert kept.prompt_tokens.tolist() == [100, 1000, 300]
+    assert kept.notes[-2].startswith("left out 1 of 4 requests whose prompt exceeds")
+    assert "(1,000 tokens, --cache-tokens; the longest 1,001)" in kept.notes[-2]
+    # an engine stops generating at the capacity: 1000 - 100 = 900 tokens; a prompt that fills
+    # it still produces its first token
+    assert kept.output_tokens.tolist() == [900, 1, 4]
+    assert kept.notes[-1].startswith("cut 2 outputs where prompt + output reaches")
+    assert "the longest asked 2,000" in kept.notes[-1]
+    assert servable(kept, service) is kept  # nothing to leave out or cut: the same set
     with pytest.raises(ReplayError, match="every request's prompt is longer"):
         servable(q, ServiceModel(cache_tokens=99))
