@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from cacheroute.replay.errors import ReplayError
-from cacheroute.replay.requestset import make_request_set
+from cacheroute.replay.requestset import RequestSet, make_request_set
 from cacheroute.replay.sources import SourceSpec, detect_format, load_source, write_jsonl
 from cacheroute.replay.traces import (
     SESSION_KEYS,
@@ -128,19 +129,23 @@ def test_a_trace_without_an_arrival_process_is_refused_by_name(tmp_path: Path) -
     assert q.duration == pytest.approx(3.0)
 
 
-def test_recorded_requests_all_at_one_instant_are_refused() -> None:
-    times = np.zeros(4)
-    rs = make_request_set(
+def _recorded(times: np.ndarray[Any, np.dtype[np.float64]]) -> RequestSet:
+    """Recorded requests of one key at `times`, as `evaluate --topic` reads them back."""
+    n = len(times)
+    return make_request_set(
         times=times,
-        keys=["k"] * 4,
-        prompt_tokens=[100] * 4,
-        output_tokens=[1] * 4,
-        block_lists=[[1, 2]] * 4,
+        keys=["k"] * n,
+        prompt_tokens=[100] * n,
+        output_tokens=[1] * n,
+        block_lists=[[1, 2]] * n,
         block_tokens=16,
         source="recorded",
     )
+
+
+def test_recorded_requests_all_at_one_instant_are_refused() -> None:
     with pytest.raises(ReplayError, match="the recorded requests: all 4 requests"):
-        load_source(SourceSpec(recorded=rs, requests=4))
+        load_source(SourceSpec(recorded=_recorded(np.zeros(4)), requests=4))
 
 
 def test_session_keys_follow_conversations_and_group_them_by_shared_prefix() -> None:
@@ -268,16 +273,7 @@ def test_real_pauses_and_short_traces_are_kept(tmp_path: Path) -> None:
 
 
 def test_recorded_requests_with_a_clock_off_are_refused() -> None:
-    times = np.concatenate([np.arange(50.0), [1e9]])
-    rs = make_request_set(
-        times=times,
-        keys=["k"] * 51,
-        prompt_tokens=[100] * 51,
-        output_tokens=[1] * 51,
-        block_lists=[[1, 2]] * 51,
-        block_tokens=16,
-        source="recorded",
-    )
+    rs = _recorded(np.concatenate([np.arange(50.0), [1e9]]))
     with pytest.raises(ReplayError, match=r"the recorded requests: 1 record\(s\) up to 1e\+09 s"):
         load_source(SourceSpec(recorded=rs, requests=51))
 
