@@ -20,6 +20,7 @@ from cacheroute.replay.diagnostic import diagnose, uncached_work
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import RequestSet
 from cacheroute.replay.service import ServiceModel
+from cacheroute.replay.tracefiles import READ_ERRORS, open_trace
 from cacheroute.replay.traces import (
     BLOCK_KEY_FORMATS,
     MOONCAKE_BLOCK_TOKENS,
@@ -113,9 +114,9 @@ def detect_format(path: Path) -> TraceFormat:
     """mooncake (JSONL with hash_ids and timestamp), bailian (those and chat ids), azure (its CSV
     header) or csv (generic)."""
     try:
-        with path.open("rb") as fh:
+        with open_trace(path, text=False) as fh:
             first = fh.readline().strip()
-    except OSError as exc:
+    except READ_ERRORS as exc:
         raise ReplayError(f"cannot read trace {path}: {exc}") from None
     if first.startswith(b"{"):
         try:

@@ -43,6 +43,7 @@ from cacheroute.planner.workload import paper_workload
 from cacheroute.replay.blockhash import BlockMerger, infer_block_tokens
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.requestset import IntArray, RequestSet, make_request_set
+from cacheroute.replay.tracefiles import READ_ERRORS, data_suffix, open_trace
 
 __all__ = [
     "BLOCK_KEY_FORMATS",
@@ -181,13 +182,13 @@ def _span(seconds: float) -> str:
 
 def _lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
     try:
-        with path.open("rb") as fh:
+        with open_trace(path, text=False) as fh:
             for n, line in enumerate(fh, start=1):
                 if limit is not None and n > limit:
                     return
                 if line.strip():
                     yield n, line
-    except OSError as exc:
+    except READ_ERRORS as exc:
         raise ReplayError(f"cannot read trace {path}: {exc}") from None
 
 
@@ -434,7 +435,7 @@ def read_azure(
     context: list[int] = []
     generated: list[int] = []
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with open_trace(path, text=True) as fh:
             for n, row in enumerate(csv.DictReader(fh), start=2):
                 if limit is not None and len(times) >= limit:
                     break
@@ -449,7 +450,7 @@ def read_azure(
                     ) from None
                 except (TypeError, ValueError) as exc:
                     raise ReplayError(f"{path}:{n}: bad Azure row ({exc!r})") from None
-    except OSError as exc:
+    except READ_ERRORS as exc:
         raise ReplayError(f"cannot read trace {path}: {exc}") from None
     if not times:
         raise ReplayError(f"{path}: no requests")
@@ -504,16 +505,16 @@ def _chain_blocks(
 def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = None) -> RequestSet:
     """A generic CSV (with header) or JSONL trace: ts, key, prompt_tokens, prefix_tokens, ..."""
     rows: list[dict[str, Any]] = []
-    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+    if data_suffix(path) in (".jsonl", ".json", ".ndjson"):
         rows = [_json(path, n, line) for n, line in _lines(path, limit)]
     else:
         try:
-            with path.open(newline="", encoding="utf-8") as fh:
+            with open_trace(path, text=True) as fh:
                 for row in csv.DictReader(fh):
                     if limit is not None and len(rows) >= limit:
                         break
                     rows.append(dict(row))
-        except OSError as exc:
+        except READ_ERRORS as exc:
             raise ReplayError(f"cannot read trace {path}: {exc}") from None
     if not rows:
         raise ReplayError(f"{path}: no requests")
