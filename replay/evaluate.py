@@ -1074,6 +1074,8 @@ class Calibration:
     offered_qps: float
     simulated_hit_rate: float
     """Token-weighted: cached / prompt tokens over every request (no warm-up cut, as served)."""
+    left_out: int = 0
+    """Recorded requests not simulated: prompts over the modelled KV capacity (`servable`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """For the JSON report."""
@@ -1101,6 +1103,8 @@ def calibrate(
         sim=replace(config.sim, destinations=destinations),
         fleet=replace(config.fleet, gateways=gateways),
     )
+    recorded = requests.n
+    requests = servable(requests, cfg.sim.service)
     result = _Runner(requests, cfg, _Silent(), q_cap=q_cap).simulate(policy, requests)
     prompt = requests.prompt_tokens
     hit = float(np.minimum(result.cached, prompt).sum()) / max(1.0, float(prompt.sum()))
@@ -1111,6 +1115,7 @@ def calibrate(
         requests=requests.n,
         offered_qps=requests.rate,
         simulated_hit_rate=hit,
+        left_out=recorded - requests.n,
     )
 
 

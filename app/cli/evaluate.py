@@ -700,6 +700,11 @@ def _calibration_text(cal: Mapping[str, Any]) -> str:
         f"requests at their recorded times (R = {cal['destinations']}, G = {cal['gateways']}, "
         f"{cal['offered_qps']:.1f} req/s). A large gap means the service model (--cache-tokens, "
         "block size) is not the engines'."
+        + (
+            f" {cal['left_out']:,} recorded prompts longer than --cache-tokens were not simulated."
+            if cal.get("left_out")
+            else ""
+        )
     )
 
 

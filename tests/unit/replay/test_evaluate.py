@@ -13,7 +13,7 @@ import pytest
 from cacheroute.replay import evaluate as evaluate_module
 from cacheroute.replay.diagnostic import Verdict
 from cacheroute.replay.errors import ReplayError
-from cacheroute.replay.evaluate import EvalConfig, Evaluation, evaluate
+from cacheroute.replay.evaluate import EvalConfig, Evaluation, calibrate, evaluate
 from cacheroute.replay.metrics import RunMetrics
 from cacheroute.replay.report import (
     EvidenceRun,
@@ -24,6 +24,7 @@ from cacheroute.replay.report import (
     render_run,
 )
 from cacheroute.replay.requestset import make_request_set
+from cacheroute.replay.service import ServiceModel
 from cacheroute.replay.simulator import SimConfig
 
 from .conftest import WorkloadFactory
@@ -376,3 +377,23 @@ def test_a_prompt_no_replica_can_hold_is_left_out_not_simulated(
         assert got.policies[name].slo_capacity_qps == ref.policies[name].slo_capacity_qps
     notes = got.workload["notes"]
     assert notes[-1].startswith("left out 1 of 1,501 requests whose prompt exceeds")
+
+
+def test_calibration_leaves_out_what_no_modelled_replica_could_hold(
+    workload_factory: WorkloadFactory,
+) -> None:
+    q = workload_factory("whale", requests=400, keys=40)
+    cap = int(q.prompt_tokens.max())
+    big = int(np.argmax(q.prompt_tokens))
+    cfg = EvalConfig(policies=("flat-lb", "cacheroute"), sim=SimConfig(destinations=5))
+    small = dataclasses.replace(
+        cfg, sim=SimConfig(destinations=5, service=ServiceModel(cache_tokens=cap - 1))
+    )
+    got = calibrate(q, small, q_cap=1.0, destinations=5, gateways=1)
+    rest = q.subset(np.arange(q.n) != big, "reference")
+    want = calibrate(rest, small, q_cap=1.0, destinations=5, gateways=1)
+    assert got.left_out == 1
+    assert want.left_out == 0
+    assert got.requests == q.n - 1
+    assert got.simulated_hit_rate == want.simulated_hit_rate
+    assert calibrate(q, cfg, q_cap=1.0, destinations=5, gateways=1).left_out == 0
