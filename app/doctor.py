@@ -653,7 +653,7 @@ def run_doctor(settings: Settings, options: DoctorOptions | None = None) -> Doct
     try:
         requests = settings.topics["requests"]
         try:
-            findings += _lag_findings(settings, admin, consumer, partitions, opts)
+            findings += _lag_findings(settings, consumer, partitions, opts)
         except KafkaException as exc:  # e.g. a leader election in progress: say so, never crash
             findings.append(_unreadable("streams-lag", requests, settings, exc))
         dlq = settings.topics["dead_letter"]
@@ -681,14 +681,12 @@ def _unreadable(check: str, topic: str, settings: Settings, exc: Exception) -> F
 
 def _lag_findings(
     settings: Settings,
-    admin: Any,
     consumer: Any,
     partitions: Mapping[str, int],
     opts: DoctorOptions,
 ) -> list[Finding]:
     """The streams group's lag on the requests topic (none if the topic is missing)."""
     from confluent_kafka import (  # noqa: PLC0415
-        ConsumerGroupTopicPartitions,
         KafkaException,
         TopicPartition,
     )
@@ -709,11 +707,7 @@ def _lag_findings(
     committed: dict[int, int | None] = {}
     denied = False
     try:
-        futures = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(opts.streams_group, tps)]
-        )
-        result = futures[opts.streams_group].result(timeout=opts.timeout_s)
-        for tp in result.topic_partitions or []:
+        for tp in _committed(settings, opts.streams_group, tps, opts.timeout_s):
             committed[tp.partition] = tp.offset if tp.offset >= 0 else None
     except KafkaException as exc:
         committed = {}
@@ -733,6 +727,33 @@ def _lag_findings(
             check_lag(opts.streams_group, requests, committed, low, high, max_lag=opts.max_lag)
         )
     return findings
+
+
+def _committed(settings: Settings, group: str, tps: list[Any], timeout: float) -> list[Any]:
+    """The offsets `group` has committed on `tps`, read by a consumer of that group that never
+    joins it (no subscribe, no assignment, no auto-commit: the group does not see it).
+
+    Why not `AdminClient.list_consumer_group_offsets`: librdkafka (2.16 here, and upstream as of
+    this writing: confluentinc/librdkafka#5040) dereferences a NULL group handle when the
+    coordinator answers NOT_COORDINATOR to an admin client's OffsetFetch, which a freshly started
+    or failing-over cluster does. The doctor died by SIGSEGV there (core dump: rd_kafka_cgrp_op
+    <- rd_kafka_handle_OffsetFetch <- ListConsumerGroupOffsetsResponse_parse), in about one
+    run in ten right after `kafka start --brokers 3`. A consumer has a group handle, so the same
+    answer is retried instead.
+    """
+    from confluent_kafka import Consumer, KafkaException  # noqa: PLC0415
+
+    from cacheroute.kafkaio import QuietLog, consumer_config  # noqa: PLC0415
+
+    reader = Consumer(consumer_config(settings, group_id=group, logger=QuietLog()))
+    try:
+        result = list(reader.committed(tps, timeout=timeout))
+    finally:
+        reader.close()
+    for tp in result:  # a partition's error (say, not authorized) is the call's, as the admin's was
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    return result
 
 
 def _topic_findings(
