@@ -842,6 +842,9 @@ def _render(result: Evaluation, timing: dict[str, Any], console: Console) -> Non
             f"{p.slo_capacity_qps / flat:.2f}x" if flat > 0 else "-",
         )
     console.print(table)
+    notes = result.workload.get("notes") or []
+    if notes:  # tiling, and any request left out or cut (`servable`): the user should see it
+        console.print("workload: " + "; ".join(notes), markup=False)
     d = result.diagnostic
     console.print(f"diagnostic: [bold]{d.verdict}[/] - {d.reason}")
     console.print(

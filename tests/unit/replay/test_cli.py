@@ -89,3 +89,21 @@ def test_evaluate_options_are_typed_one_field_per_option() -> None:
     """`evaluate`'s callback gets one typed EvaluateOptions, not a dict of Any."""
     names = {p.name for p in evaluate_cmd.params}
     assert names == {f.name for f in dataclasses.fields(EvaluateOptions)}
+
+
+def test_evaluate_says_in_the_terminal_what_it_left_out(tmp_path: Path) -> None:
+    lines = (TRACES / "mooncake_arxiv_1000.jsonl").read_text(encoding="utf-8").splitlines()[:300]
+    huge = {"timestamp": 60_000, "input_length": 10_000_000, "output_length": 1}
+    huge["hash_ids"] = list(range(10**7, 10**7 + 10_000_000 // 512))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([*lines, orjson.dumps(huge).decode()]) + "\n", encoding="utf-8")
+    args = [
+        "evaluate", "--trace", str(trace), "--requests", "301", "--tile", "1", "-R", "4",
+        "--policies", "flat-lb,cacheroute", "--quick",
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())  # the console wraps long lines
+    assert (
+        "workload: left out 1 of 301 requests whose prompt exceeds a replica's KV capacity" in text
+    )
