@@ -93,8 +93,12 @@ def test_evaluate_options_are_typed_one_field_per_option() -> None:
 
 def test_evaluate_says_in_the_terminal_what_it_left_out(tmp_path: Path) -> None:
     lines = (TRACES / "mooncake_arxiv_1000.jsonl").read_text(encoding="utf-8").splitlines()[:300]
-    huge = {"timestamp": 60_000, "input_length": 10_000_000, "output_length": 1}
-    huge["hash_ids"] = list(range(10**7, 10**7 + 10_000_000 // 512))
+    huge = {
+        "timestamp": 60_000,
+        "input_length": 10_000_000,
+        "output_length": 1,
+        "hash_ids": list(range(10**7, 10**7 + 10_000_000 // 512)),
+    }
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join([*lines, orjson.dumps(huge).decode()]) + "\n", encoding="utf-8")
     args = [
