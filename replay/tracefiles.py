@@ -13,8 +13,9 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Literal, cast, overload
+from typing import IO, Any, Literal, cast, overload
 
 from cacheroute.replay.errors import ReplayError
 
@@ -26,6 +27,12 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
+_OPENERS: dict[str, Callable[..., IO[Any]]] = {
+    "gzip": gzip.open,
+    "bzip2": bz2.open,
+    "xz": lzma.open,
+}
+"""Per compression read here, its module's `open` (same signature as the built-in's)."""
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 READ_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError)
 """What reading a trace file can raise below the format: a missing file, a truncated or corrupt
@@ -63,29 +70,10 @@ def open_trace(path: Path, text: bool) -> IO[bytes] | IO[str]:
             f"{path} is zstd-compressed, which this reader does not decode; decompress it first "
             f"(zstd -d {path.name}) and pass the result"
         )
+    opener = _OPENERS.get(kind or "", open)
     try:
         if text:
-            return _open_text(path, kind)
-        return _open_bytes(path, kind)
+            return cast(IO[str], opener(path, "rt", encoding="utf-8", newline=""))
+        return cast(IO[bytes], opener(path, "rb"))
     except OSError as exc:
         raise ReplayError(f"cannot read trace {path}: {exc}") from None
-
-
-def _open_text(path: Path, kind: str | None) -> IO[str]:
-    if kind == "gzip":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    if kind == "bzip2":
-        return bz2.open(path, "rt", encoding="utf-8", newline="")
-    if kind == "xz":
-        return lzma.open(path, "rt", encoding="utf-8", newline="")
-    return path.open("r", encoding="utf-8", newline="")
-
-
-def _open_bytes(path: Path, kind: str | None) -> IO[bytes]:
-    if kind == "gzip":
-        return cast(IO[bytes], gzip.open(path, "rb"))  # GzipFile is a binary IO, not typed one
-    if kind == "bzip2":
-        return bz2.open(path, "rb")
-    if kind == "xz":
-        return lzma.open(path, "rb")
-    return path.open("rb")
