@@ -5,7 +5,8 @@ took their bytes for text used to fail with an error about CSV columns that said
 compression. The compression is found from the file's first bytes (its magic number), not its
 name, and the name's compression suffix is ignored when the format is guessed from the name
 (`data_suffix`). Zstandard is recognised but not read: the standard library has no decoder, so
-the error says how to decompress the file first.
+the error says how to decompress the file first. A UTF-8 byte order mark, which Windows editors
+and spreadsheet exports put in front of text, is skipped: it is not part of the first record.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _OPENERS: dict[str, Callable[..., IO[Any]]] = {
 }
 """Per compression read here, its module's `open` (same signature as the built-in's)."""
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+_BOM = b"\xef\xbb\xbf"
 READ_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError)
 """What reading a trace file can raise below the format: a missing file, a truncated or corrupt
 compressed stream (gzip raises OSError or EOFError, xz LZMAError), bytes that are not UTF-8."""
@@ -62,8 +64,9 @@ def open_trace(path: Path, text: Literal[False]) -> IO[bytes]: ...
 @overload
 def open_trace(path: Path, text: Literal[True]) -> IO[str]: ...
 def open_trace(path: Path, text: bool) -> IO[bytes] | IO[str]:
-    """`path` opened for reading, decompressed if it is compressed; text as UTF-8 with the
-    newline handling `csv` wants. Raises `ReplayError` for a file it cannot open or decode."""
+    """`path` opened for reading, decompressed if it is compressed, past a leading byte order
+    mark; text as UTF-8 with the newline handling `csv` wants. Raises `ReplayError` for a file
+    it cannot open or decode."""
     kind = compression(path)
     if kind == "zstd":
         raise ReplayError(
@@ -73,7 +76,14 @@ def open_trace(path: Path, text: bool) -> IO[bytes] | IO[str]:
     opener = _OPENERS.get(kind or "", open)
     try:
         if text:
-            return cast(IO[str], opener(path, "rt", encoding="utf-8", newline=""))
-        return cast(IO[bytes], opener(path, "rb"))
-    except OSError as exc:
+            return cast(IO[str], opener(path, "rt", encoding="utf-8-sig", newline=""))
+        fh = cast(IO[bytes], opener(path, "rb"))
+        try:
+            if fh.read(len(_BOM)) != _BOM:
+                fh.seek(0)
+        except READ_ERRORS:
+            fh.close()
+            raise
+        return fh
+    except READ_ERRORS as exc:
         raise ReplayError(f"cannot read trace {path}: {exc}") from None

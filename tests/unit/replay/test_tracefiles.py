@@ -66,6 +66,36 @@ def test_a_generic_jsonl_is_known_by_its_name_under_the_compression_suffix(
     )
 
 
+@pytest.mark.parametrize("packer", [None, gzip.compress])
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [("mooncake_arxiv_1000.jsonl", "mooncake"), ("azure_llm_2023_conv_3000.csv", "azure")],
+)
+def test_a_byte_order_mark_is_not_part_of_the_first_record(
+    tmp_path: Path, name: str, fmt: str, packer: Callable[[bytes], bytes] | None
+) -> None:
+    # Windows editors and spreadsheet exports write EF BB BF before the text; it used to make
+    # line 1 "not JSON" and the CSV header's first column "\ufeffTIMESTAMP".
+    plain = DATA / name
+    marked = tmp_path / (name + (".gz" if packer else ""))
+    data = b"\xef\xbb\xbf" + plain.read_bytes()
+    marked.write_bytes(packer(data) if packer else data)
+    assert detect_format(marked) == fmt
+    want = load_source(SourceSpec(trace=plain, requests=100, tile=1))
+    _same(load_source(SourceSpec(trace=marked, requests=100, tile=1)), want)
+
+
+def test_a_generic_csv_with_a_byte_order_mark_keeps_its_first_column(tmp_path: Path) -> None:
+    rows = "ts,key,prompt_tokens\n0,a,100\n1,b,200\n2,a,300\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(rows, encoding="utf-8")
+    marked.write_bytes(b"\xef\xbb\xbf" + rows.encode())
+    got = load_source(SourceSpec(trace=marked, requests=3, tile=1))
+    assert got.times.tolist() == [0.0, 1.0, 2.0]
+    assert got.prompt_tokens.tolist() == [100, 200, 300]
+    _same(got, load_source(SourceSpec(trace=plain, requests=3, tile=1)))
+
+
 def test_unreadable_compressed_files_say_what_is_wrong(tmp_path: Path) -> None:
     zst = tmp_path / "t.jsonl.zst"
     zst.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 16)  # a zstd frame's magic number
