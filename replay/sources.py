@@ -140,8 +140,7 @@ def load_source(spec: SourceSpec) -> RequestSet:
         base = spec.recorded
         require_arrivals(base, "the recorded requests")
         require_one_clock(base, "the recorded requests")
-        copies = spec.tile if spec.tile is not None else max(1, math.ceil(spec.requests / base.n))
-        return base.tiled(copies, rng) if copies > 1 else base
+        return _tiled(base, spec, rng, "the recorded requests")
     if spec.workload is not None:
         cv_spec: dict[str, Any] = {}
         if not math.isclose(spec.cv, 1.0):
@@ -168,8 +167,25 @@ def load_source(spec: SourceSpec) -> RequestSet:
         chosen = _kb_name(spec.key_blocks_chosen)
         note = f"key_blocks auto: chose {chosen} (predicted gain by key_blocks {gains})"
         base = replace(base, notes=(*base.notes, note))
+    return _tiled(base, spec, rng, str(trace))
+
+
+def _tiled(base: RequestSet, spec: SourceSpec, rng: np.random.Generator, what: str) -> RequestSet:
+    """`base` tiled up to `spec.requests` (or `spec.tile` copies).
+
+    Copies keep the trace's own arrival process, shifted; a single request has none, so its
+    copies would arrive at made-up times (uniform over an invented second) and the report would
+    describe that, not the user's traffic (it said `deploy` for one 7k-token request)."""
     copies = spec.tile if spec.tile is not None else max(1, math.ceil(spec.requests / base.n))
-    return base.tiled(copies, rng) if copies > 1 else base
+    if copies <= 1:
+        return base
+    if base.n == 1:
+        raise ReplayError(
+            f"{what}: one request, so there is no arrival process to replay; tiling it "
+            f"{copies:,}x would invent one. Give at least two requests at different times "
+            "(or --tile 1 to replay it as it is)"
+        )
+    return base.tiled(copies, rng)
 
 
 def _kb_name(key_blocks: int) -> str:

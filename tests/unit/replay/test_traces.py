@@ -118,11 +118,16 @@ def test_a_trace_without_an_arrival_process_is_refused_by_name(tmp_path: Path) -
     same.write_text(line * 3, encoding="utf-8")
     with pytest.raises(ReplayError, match=r"same\.jsonl: all 3 requests have the same timestamp"):
         load_source(SourceSpec(trace=same, fmt="mooncake", requests=3))
-    # one request is not an arrival process either, but it is not refused here (nothing to
-    # rescale is wrong yet); coarse times that differ at least once are a real trace
+    # one request is not an arrival process either: read alone it is fine, but tiling it would
+    # invent one (copies at uniform times over a made-up second; `evaluate --quick` said
+    # `deploy` for one 7k-token request), so that is refused
     one = tmp_path / "one.jsonl"
     one.write_text(line, encoding="utf-8")
     assert load_source(SourceSpec(trace=one, fmt="mooncake", requests=1)).n == 1
+    assert load_source(SourceSpec(trace=one, fmt="mooncake", requests=500, tile=1)).n == 1
+    with pytest.raises(ReplayError, match=r"one\.jsonl: one request, so there is no arrival"):
+        load_source(SourceSpec(trace=one, fmt="mooncake", requests=500))
+    # coarse times that differ at least once are a real trace
     coarse = tmp_path / "coarse.jsonl"
     coarse.write_text(line * 2 + line.replace('"timestamp": 5', '"timestamp": 3005'), "utf-8")
     q = load_source(SourceSpec(trace=coarse, fmt="mooncake", requests=3))
@@ -146,6 +151,8 @@ def _recorded(times: np.ndarray[Any, np.dtype[np.float64]]) -> RequestSet:
 def test_recorded_requests_all_at_one_instant_are_refused() -> None:
     with pytest.raises(ReplayError, match="the recorded requests: all 4 requests"):
         load_source(SourceSpec(recorded=_recorded(np.zeros(4)), requests=4))
+    with pytest.raises(ReplayError, match="the recorded requests: one request"):
+        load_source(SourceSpec(recorded=_recorded(np.zeros(1)), requests=100))
 
 
 def test_session_keys_follow_conversations_and_group_them_by_shared_prefix() -> None:
