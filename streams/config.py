@@ -38,6 +38,13 @@ class StreamConfig:
     late. It must cover the skew between gateway and broker clocks; keep it at most `grace_ms`,
     or a gateway that is ahead by less than the margin can still make punctual events late."""
 
+    max_prompt_tokens: int = 10_000_000
+    """An event whose prompt_tokens (or prefix or cached tokens) exceed this is malformed: no
+    model serves a context that long (the longest in 2026 take ~10M tokens). The planner plans on
+    work, a key's mean prompt times its rate, so one event claiming 2 billion tokens (Avro's `int`
+    allows it) would make its key most of the cluster's work for a window: every other key's
+    share shrinks with it, and keys that need several replicas get one."""
+
     def __post_init__(self) -> None:
         if self.window_ms <= 0 or self.grace_ms < 0 or self.reorder_ms < 0 or self.buckets <= 0:
             raise ValueError(
@@ -47,3 +54,5 @@ class StreamConfig:
             raise ValueError("reorder_ms must not exceed grace_ms")
         if self.max_clock_ahead_ms < 0:
             raise ValueError("max_clock_ahead_ms must be non-negative")
+        if self.max_prompt_tokens <= 0:
+            raise ValueError("max_prompt_tokens must be positive")

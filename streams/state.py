@@ -395,6 +395,9 @@ class PartitionState:
             (prompts < 0, "negative prompt_tokens"),
             (prefix < -1, "prefix_tokens below -1"),
             (cached < -1, "cached_tokens below -1"),
+            (prompts > cfg.max_prompt_tokens, "prompt_tokens above max_prompt_tokens"),
+            (prefix > cfg.max_prompt_tokens, "prefix_tokens above max_prompt_tokens"),
+            (cached > cfg.max_prompt_tokens, "cached_tokens above max_prompt_tokens"),
             (times > reference + cfg.max_future_ms, "event time in the future of its batch"),
             (times < reference - cfg.max_past_ms, "event time too far in the past"),
         ]
@@ -581,6 +584,16 @@ class PartitionState:
             count, first, last = summary.counts[i], summary.first_ms[i], summary.last_ms[i]
             if not key or count <= 0 or last < first or summary.prompt_tokens_sum[i] < 0:
                 result.bad.append(BadEvent(i, "malformed summary entry"))
+                continue
+            if (
+                max(
+                    summary.prompt_tokens_sum[i],
+                    summary.prefix_tokens_sum[i],
+                    summary.cached_tokens_sum[i],
+                )
+                > count * self.config.max_prompt_tokens
+            ):
+                result.bad.append(BadEvent(i, "token sums above count x max_prompt_tokens"))
                 continue
             if clock_ms is not None and last > clock_ms + self.config.max_clock_ahead_ms:
                 reason = ahead_reason("last_ms", last, clock_ms, clock_name)

@@ -37,6 +37,14 @@ def streams() -> None:
     "future-dated and never moves the watermark (gateway clock skew).",
 )
 @click.option(
+    "--max-prompt-tokens",
+    type=click.IntRange(min=1),
+    default=10_000_000,
+    show_default=True,
+    help="An event claiming more prompt (or prefix, or cached) tokens than this is "
+    "dead-lettered: no model serves it, and the plan would take its key for most of the work.",
+)
+@click.option(
     "--app-id", default="cacheroute-streams", show_default=True, help="Faust app/group id."
 )
 @click.option("--flush-interval", default=1.0, show_default=True, help="Seconds between flushes.")
@@ -63,6 +71,7 @@ def run(
     reorder_ms: int,
     buckets: int,
     max_clock_ahead_ms: int,
+    max_prompt_tokens: int,
     app_id: str,
     flush_interval: float,
     commit_interval: float,
@@ -91,6 +100,7 @@ def run(
         reorder_ms=reorder_ms,
         buckets=buckets,
         max_clock_ahead_ms=max_clock_ahead_ms,
+        max_prompt_tokens=max_prompt_tokens,
     )
     options = StreamsOptions(
         app_id=app_id, flush_interval_s=flush_interval, commit_interval_s=commit_interval

@@ -92,6 +92,54 @@ def test_malformed_events_are_named_and_the_rest_counts() -> None:
     assert s.bad_total == 5
 
 
+def test_token_counts_no_model_serves_are_dead_lettered_and_do_not_reach_the_rates() -> None:
+    # One event claiming 2 billion prompt tokens (Avro's int allows it) would make its key most
+    # of the cluster's work in a plan on work; the bound is the config's, inclusive.
+    cfg = StreamConfig(window_ms=1000, grace_ms=200, reorder_ms=100, buckets=4)
+    top = cfg.max_prompt_tokens
+    s = PartitionState(0, cfg)
+    b = RequestBatch(
+        gateway_id="gw",
+        seq=0,
+        created_ms=500,
+        keys=["a", "a", "a", "a"],
+        event_time_ms=[100, 200, 300, 400],
+        prompt_tokens=[1000, 2_000_000_000, top, 1000],
+        prefix_tokens=[0, 0, 0, top + 1],
+        cached_tokens=[0, 0, top + 1, 0],
+    )
+    result = s.apply_batch(b, 0)
+    assert [(e.index, e.reason) for e in result.bad] == [
+        (1, "prompt_tokens above max_prompt_tokens"),
+        (2, "cached_tokens above max_prompt_tokens"),
+        (3, "prefix_tokens above max_prompt_tokens"),
+    ]
+    assert result.accepted == 1
+    s.apply_batch(RequestBatch("gw", 1, 1300, [], [], []), 1)  # a heartbeat closes the window
+    (rate,) = s.flush().rates
+    assert (rate.key, rate.count, rate.prompt_tokens_sum) == ("a", 1, 1000)
+    # a gateway's per-key summary: sums above count x the bound are refused the same way
+    summary = RequestSummary(
+        gateway_id="gw",
+        seq=2,
+        created_ms=2500,
+        tick_start_ms=2000,
+        tick_end_ms=2500,
+        keys=["ok", "huge"],
+        counts=[2, 2],
+        first_ms=[2100, 2100],
+        last_ms=[2200, 2200],
+        prompt_tokens_sum=[2 * top, 2 * top + 1],
+        prefix_tokens_sum=[0, 0],
+        cached_tokens_sum=[0, 0],
+    )
+    got = s.apply_summary(summary, 2)
+    assert [(e.index, e.reason) for e in got.bad] == [
+        (1, "token sums above count x max_prompt_tokens")
+    ]
+    assert got.accepted == 2
+
+
 def test_unequal_columns_reject_the_whole_batch() -> None:
     s = PartitionState(0, CFG)
     b = RequestBatch("gw", 0, 10, ["a", "b"], [1, 2], [3])
