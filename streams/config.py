@@ -38,12 +38,15 @@ class StreamConfig:
     late. It must cover the skew between gateway and broker clocks; keep it at most `grace_ms`,
     or a gateway that is ahead by less than the margin can still make punctual events late."""
 
-    max_prompt_tokens: int = 10_000_000
-    """An event whose prompt_tokens (or prefix or cached tokens) exceed this is malformed: no
-    model serves a context that long (the longest in 2026 take ~10M tokens). The planner plans on
-    work, a key's mean prompt times its rate, so one event claiming 2 billion tokens (Avro's `int`
-    allows it) would make its key most of the cluster's work for a window: every other key's
-    share shrinks with it, and keys that need several replicas get one."""
+    max_prompt_tokens: int = 4_000_000
+    """An event whose prompt_tokens (or prefix or cached tokens) exceed this is malformed: the
+    planner's own ceiling on a key's mean prompt (`SmoothingParams.max_prompt_tokens`, the same
+    default), applied per event. The planner plans on work, a key's mean prompt times its rate,
+    and its ceiling sees only a key's mean: one event claiming 2 billion tokens (Avro's `int`
+    allows it) among a thousand ordinary requests of its key passes it, and would make that key
+    most of the cluster's work for a window (a check with `planner.work.work_rates`: a key at 1,000
+    requests a minute among 10k Zipf keys at 1,000/s, mean 2.0M tokens: 93%): every other
+    key's share shrinks with it, and keys that need several replicas get one."""
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0 or self.grace_ms < 0 or self.reorder_ms < 0 or self.buckets <= 0:

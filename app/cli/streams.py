@@ -39,10 +39,10 @@ def streams() -> None:
 @click.option(
     "--max-prompt-tokens",
     type=click.IntRange(min=1),
-    default=10_000_000,
+    default=4_000_000,
     show_default=True,
     help="An event claiming more prompt (or prefix, or cached) tokens than this is "
-    "dead-lettered: no model serves it, and the plan would take its key for most of the work.",
+    "dead-lettered (the planner's ceiling on a key's mean prompt, applied per event).",
 )
 @click.option(
     "--app-id", default="cacheroute-streams", show_default=True, help="Faust app/group id."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cacheroute.planner.smoothing import SmoothingParams
 from cacheroute.schemas import KeyRate, RequestBatch, RequestSummary
 from cacheroute.streams.config import StreamConfig
 from cacheroute.streams.state import BatchError, PartitionState
@@ -138,6 +139,11 @@ def test_token_counts_no_model_serves_are_dead_lettered_and_do_not_reach_the_rat
         (1, "token sums above count x max_prompt_tokens")
     ]
     assert got.accepted == 2
+
+
+def test_the_per_event_token_bound_is_the_planners_ceiling_on_a_mean() -> None:
+    # an event the agent accepts never alone makes a record the planner refuses as implausible
+    assert StreamConfig().max_prompt_tokens == SmoothingParams().max_prompt_tokens
 
 
 def test_unequal_columns_reject_the_whole_batch() -> None:
