@@ -103,9 +103,9 @@ def test_dead_letters_bad_batches_and_bad_events_and_keeps_going(
         gateway_id="gw-0",
         seq=0,
         created_ms=T0 + 1000,
-        keys=["good", "good", "good", "good"],
-        event_time_ms=[T0 + 10, T0 + 20, T0 + 30, T0 + 40],
-        prompt_tokens=[5, -3, 5, 5],
+        keys=["good", "good", "good", "good", "good"],
+        event_time_ms=[T0 + 10, T0 + 20, T0 + 30, T0 + 40, T0 + 50],
+        prompt_tokens=[5, -3, 5, 5, 2_000_000_000],  # no model serves the last
     )
     producer = Producer(producer_config(settings))
     producer.produce(topic, b"\x00 definitely not a batch", key=b"gw-x", partition=p)
@@ -118,11 +118,12 @@ def test_dead_letters_bad_batches_and_bad_events_and_keeps_going(
         rates = read_rates(settings, {("good", T0)})
         assert rates[("good", T0)].count == 3
         worker.wait_metric("cacheroute_streams_batches_dead_lettered_total", 1)
-        assert worker.metric("cacheroute_streams_events_dead_lettered_total") == 1
+        assert worker.metric("cacheroute_streams_events_dead_lettered_total") == 2
     dlq = read_partition(settings, settings.topics["dead_letter"])
     reasons = sorted((r.header("cacheroute.reason") or b"").decode() for r in dlq)
-    assert len(dlq) == 2
+    assert len(dlq) == 3
     assert "negative prompt_tokens" in reasons
+    assert "prompt_tokens above max_prompt_tokens" in reasons
     assert any("unknown format marker" in r for r in reasons)
     assert all(r.header("cacheroute.source") for r in dlq)
 
