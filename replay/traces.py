@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import chain, islice
@@ -413,12 +414,16 @@ def _block_trace(
     )
 
 
+_EXTRA_DIGITS = re.compile(r"(\.\d{6})\d+")
+
+
 def _azure_time(raw: str) -> float:
-    text = raw.strip()
-    if "." in text:  # the trace has 7 fractional digits; datetime takes at most 6
-        head, frac = text.split(".", 1)
-        text = f"{head}.{frac[:6]}"
-    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()  # the trace's own clock
+    # the trace has 7 fractional digits; datetime takes at most 6 (a zone after them is kept)
+    text = _EXTRA_DIGITS.sub(r"\1", raw.strip())
+    stamp = datetime.fromisoformat(text)
+    if stamp.tzinfo is None:  # the published trace: no zone, the trace's own clock
+        return stamp.replace(tzinfo=UTC).timestamp()
+    return stamp.timestamp()  # a zone given (an export in local time): honoured, not dropped
 
 
 def read_azure(
@@ -441,8 +446,11 @@ def read_azure(
                     break
                 try:
                     times.append(_azure_time(row["TIMESTAMP"]))
-                    context.append(max(1, int(row["ContextTokens"])))
-                    generated.append(max(1, int(row["GeneratedTokens"])))
+                    asked, made = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+                    if asked < 0 or made < 0:
+                        raise ValueError(f"negative token count ({asked}, {made})")
+                    context.append(max(1, asked))  # an empty prompt still costs a step
+                    generated.append(max(1, made))
                 except KeyError as exc:
                     raise ReplayError(
                         f"{path}:{n}: Azure row without {exc}; the header needs TIMESTAMP, "

@@ -104,6 +104,36 @@ def test_an_azure_row_without_a_column_names_it(tmp_path: Path) -> None:
         read_azure(path, np.random.default_rng(0), keys=10)
 
 
+def test_azure_rows_with_negative_token_counts_are_refused_by_line(tmp_path: Path) -> None:
+    # an empty prompt still counts as one token (a step), but a negative count is no count
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    ok = "2023-11-16 18:15:46.6805900,374,44\n"
+    for bad, counts in (
+        ("2023-11-16 18:15:47.0,-5,44\n", "-5, 44"),
+        ("2023-11-16 18:15:47.0,5,-1\n", "5, -1"),
+    ):
+        path = tmp_path / "neg.csv"
+        path.write_text(head + ok + bad, encoding="utf-8")
+        with pytest.raises(ReplayError, match=rf"neg\.csv:3: .*negative token count \({counts}\)"):
+            read_azure(path, np.random.default_rng(0), keys=10)
+
+
+def test_azure_timestamps_with_a_zone_are_read_in_that_zone(tmp_path: Path) -> None:
+    # The published trace has no zone and 7 fractional digits. An export that states a zone must
+    # keep it: 19:15:50 at +01:00 is 18:15:50 UTC, 2.5 s after the first request (it used to be
+    # cut off with the 7th digit, then read as 19:15:50, an hour off).
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    rows = (
+        "2023-11-16 18:15:48.4951690,374,44\n"
+        "2023-11-16 19:15:50.9951690+01:00,396,109\n"
+        "2023-11-16T18:15:53.4951690Z,400,10\n"
+    )
+    path = tmp_path / "zones.csv"
+    path.write_text(head + rows, encoding="utf-8")
+    q = read_azure(path, np.random.default_rng(0), keys=10)
+    assert q.times.tolist() == pytest.approx([0.0, 2.5, 5.0])
+
+
 def test_a_generic_row_that_cannot_be_read_is_named_by_its_number(tmp_path: Path) -> None:
     path = tmp_path / "gen.csv"
     path.write_text("ts,key,prompt_tokens\n0.1,a,100\n0.2,b,x\n", encoding="utf-8")
