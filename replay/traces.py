@@ -536,16 +536,26 @@ def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = Non
             ts = float(r["ts"])
             if not math.isfinite(ts):
                 raise ValueError(f"ts {r['ts']!r} is not a finite number")
-            times.append(ts)
-            keys.append(str(r["key"]))
-            prompts.append(int(r["prompt_tokens"]))
-            prefixes.append(int(r.get("prefix_tokens") or 0))
-            output.append(int(r.get("output_tokens") or _DEFAULT_OUTPUT))
+            key = str(r["key"])
+            prompt_n = int(r["prompt_tokens"])
+            prefix_n = _optional_int(r.get("prefix_tokens"), 0)
+            output_n = _optional_int(r.get("output_tokens"), _DEFAULT_OUTPUT)
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayError(
                 f"{path}: row {n}: every row needs ts (s), key and prompt_tokens "
                 f"(ints; prefix_tokens, output_tokens optional): {exc!r}"
             ) from None
+        if not key or prompt_n < 1 or prefix_n < 0 or output_n < 0:
+            raise ReplayError(
+                f"{path}: row {n}: key {key!r}, prompt_tokens {prompt_n}, prefix_tokens "
+                f"{prefix_n}, output_tokens {output_n}: a key must be non-empty, a prompt at "
+                "least 1 token, and prefix and output tokens not negative"
+            )
+        times.append(ts)
+        keys.append(key)
+        prompts.append(prompt_n)
+        prefixes.append(prefix_n)
+        output.append(output_n)
     prompt = np.asarray(prompts, dtype=np.int64)
     prefix = np.asarray(prefixes, dtype=np.int64)
     bt = int(rows[0].get("block_tokens") or block_tokens)
@@ -575,6 +585,11 @@ def read_generic(path: Path, *, block_tokens: int = 512, limit: int | None = Non
         block_tokens=bt,
         source=f"trace {path.name} (a key's prefix tokens taken as shared content)",
     )
+
+
+def _optional_int(value: object, default: int) -> int:
+    """An optional column's value: `default` when absent or empty (a JSON 0 is 0, as CSV's "0")."""
+    return default if value is None or value == "" else int(value)  # type: ignore[call-overload]
 
 
 def _ids(value: object) -> list[int]:

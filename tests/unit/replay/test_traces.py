@@ -134,6 +134,41 @@ def test_azure_timestamps_with_a_zone_are_read_in_that_zone(tmp_path: Path) -> N
     assert q.times.tolist() == pytest.approx([0.0, 2.5, 5.0])
 
 
+@pytest.mark.parametrize(
+    ("row", "what"),
+    [
+        ("0.2,b,-100,0", "prompt_tokens -100"),  # was numpy's "repeats may not contain negative"
+        ("0.2,b,0,0", "prompt_tokens 0"),
+        ("0.2,b,100,-50", "prefix_tokens -50"),  # was read silently
+        ("0.2,,100,0", "key ''"),
+        ("0.2,b,100,0,-5", "output_tokens -5"),  # was read as 1
+    ],
+)
+def test_generic_rows_with_impossible_values_are_named_by_row(
+    tmp_path: Path, row: str, what: str
+) -> None:
+    path = tmp_path / "gen.csv"
+    path.write_text(
+        f"ts,key,prompt_tokens,prefix_tokens,output_tokens\n0.1,a,100,0,5\n{row}\n", "utf-8"
+    )
+    with pytest.raises(ReplayError, match=rf"gen\.csv: row 2: .*{what}"):
+        read_generic(path)
+
+
+def test_a_generic_zero_output_is_zero_in_jsonl_as_in_csv(tmp_path: Path) -> None:
+    # `or default` made a JSON 0 the default 128 while the CSV text "0" stayed 0
+    csv_path, jsonl_path = tmp_path / "g.csv", tmp_path / "g.jsonl"
+    csv_path.write_text("ts,key,prompt_tokens,output_tokens\n0,a,100,0\n1,a,100,\n", "utf-8")
+    jsonl_path.write_text(
+        '{"ts": 0, "key": "a", "prompt_tokens": 100, "output_tokens": 0}\n'
+        '{"ts": 1, "key": "a", "prompt_tokens": 100}\n',
+        "utf-8",
+    )
+    a, b = read_generic(csv_path), read_generic(jsonl_path)
+    assert a.output_tokens.tolist() == b.output_tokens.tolist()
+    assert b.output_tokens[1] == 128  # absent: the default
+
+
 def test_a_generic_row_that_cannot_be_read_is_named_by_its_number(tmp_path: Path) -> None:
     path = tmp_path / "gen.csv"
     path.write_text("ts,key,prompt_tokens\n0.1,a,100\n0.2,b,x\n", encoding="utf-8")
