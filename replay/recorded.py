@@ -71,6 +71,10 @@ class RecordedTraffic:
     """Records of another type (a record that is not a request)."""
     undecodable: int = 0
     """Records that are not CacheRoute records at all (the streams agent dead-letters them)."""
+    malformed: int = 0
+    """Events the streams agent dead-letters too: an empty key, a negative prompt, prefix or
+    cached tokens below -1. Left out and counted: one such event used to stop the evaluation
+    (an empty key) or be replayed as a 1-token prompt (a negative one)."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -134,6 +138,9 @@ class RecordedTraffic:
         gateway: str,
         hashes: list[int],
     ) -> None:
+        if not key or prompt < 0 or prefix < -1 or cached < -1:
+            self.malformed += 1
+            return
         self.keys.append(key)
         self.times_ms.append(t)
         self.prompt.append(prompt)
@@ -170,7 +177,8 @@ class RecordedTraffic:
         """The recorded requests as a replayable `RequestSet` (module docstring: what each is)."""
         n = len(self.keys)
         if n == 0:
-            raise ReplayError(f"{source}: no request events in the range read")
+            bad = f" ({self.malformed} malformed)" if self.malformed else ""
+            raise ReplayError(f"{source}: no request events in the range read{bad}")
         if block_tokens < 1:
             raise ReplayError(f"block_tokens must be >= 1, got {block_tokens}")
         order = sorted(range(n), key=self.times_ms.__getitem__)
@@ -204,6 +212,11 @@ class RecordedTraffic:
             notes.append(
                 f"{n - hashed} of {n} requests of a block or more recorded without prefix block "
                 "hashes (gateways without --hash-blocks): no cacheable blocks for them"
+            )
+        if self.malformed:
+            notes.append(
+                f"left out {self.malformed} malformed request events (an empty key, negative "
+                "token counts; the streams agent dead-letters them too)"
             )
         if self.undecodable or self.other_records:
             notes.append(

@@ -168,3 +168,28 @@ def test_recorded_requests_are_tiled_as_a_trace_is() -> None:
     assert spec.describe() == {"recorded": "topic t", "requests_recorded": 3}
     untiled = load_source(SourceSpec(recorded=q, requests=2))
     assert untiled is q
+
+
+def test_events_the_streams_agent_dead_letters_are_left_out_and_named() -> None:
+    # An empty key used to stop the whole evaluation ("routing keys must be non-empty strings")
+    # and a negative prompt was replayed as a 1-token request.
+    out = RecordedTraffic()
+    out.add(
+        _batch(
+            "g",
+            [1, 2, 3, 4, 5],
+            keys=["a", "", "b", "c", "d"],
+            prompt=[100, 100, -5, 100, 100],
+            prefix_tokens=[-1, -1, -1, -7, -1],
+            cached_tokens=[-1, -1, -1, -1, -2],
+        )
+    )
+    q = out.request_set(block_tokens=10)
+    assert [q.keys[k] for k in q.key_index.tolist()] == ["a"]
+    assert out.malformed == 4
+    assert any("left out 4 malformed request events" in note for note in q.notes)
+    assert out.served().requests == 1
+    nothing = RecordedTraffic()
+    nothing.add(_batch("g", [1], keys=[""]))
+    with pytest.raises(ReplayError, match=r"no request events in the range read \(1 malformed\)"):
+        nothing.request_set(block_tokens=10)
