@@ -798,8 +798,18 @@ def _sweep(
     return sweep, runner.last_info
 
 
+DESCEND_STEPS = 4
+"""A policy that fails the sweep's lowest load is tried at 1/4, 1/16, ... of it, this many times,
+before its capacity is called 0."""
+
+
 def _capacity(runner: _Runner, policy: str, sweep: Sequence[RunMetrics], refine: int) -> float:
-    """Highest passing load: last pass before the first failure, refined by bisection."""
+    """Highest passing load: last pass before the first failure, refined by bisection.
+
+    A policy that fails even the lowest sweep load is run at a quarter of it, then a quarter of
+    that, until it passes (at most `DESCEND_STEPS` times), and bisected from there. Before, the
+    bisection assumed a quarter passed without running it, so a baseline that herds (SGLang's
+    router on long prompts) was reported at 0.0 req/s while it serves a real, small load."""
     lo = 0.0
     hi = math.inf
     for m in sweep:
@@ -810,7 +820,15 @@ def _capacity(runner: _Runner, policy: str, sweep: Sequence[RunMetrics], refine:
             break
     if math.isinf(hi):
         return lo  # passed everything: capacity is at least the top of the sweep
-    low = lo if lo > 0 else hi / 4
+    if lo <= 0:
+        for _ in range(DESCEND_STEPS):
+            if runner.passes(runner.run(policy, hi / 4)):
+                lo = hi / 4
+                break
+            hi /= 4
+        else:
+            return 0.0
+    low = lo
     for _ in range(refine):
         mid = math.sqrt(low * hi)
         if runner.passes(runner.run(policy, mid)):

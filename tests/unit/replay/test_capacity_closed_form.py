@@ -30,6 +30,7 @@ import pytest
 from cacheroute.replay.errors import ReplayError
 from cacheroute.replay.evaluate import (
     AUTO_SLO_MULTIPLE,
+    DESCEND_STEPS,
     EvalConfig,
     _capacity,
     _choose_slo,
@@ -101,6 +102,22 @@ def test_capacity_search_finds_r_over_s(r: int) -> None:
     cap = _capacity(runner, "flat-lb", sweep, 6)
     # 6 geometric bisections of [0.9, 1.1] x R/S leave a bracket of (1.1/0.9)^(1/64) = 1.0031
     assert r / S / 1.0032 <= cap <= 1.0031 * r / S
+
+
+def test_a_policy_failing_the_whole_sweep_is_searched_below_it() -> None:
+    # Every sweep load is 8x and more of the capacity R/S = 1/S: the search runs 2/S (fails),
+    # then 0.5/S (passes), and bisects [0.5, 2] x 1/S six times: a bracket of 4^(1/64) = 1.0219.
+    # It used to assume a quarter of the first load passed, never ran it, and reported 0.
+    runner = _Runner(evenly_spaced(), config(1), _Silent())
+    loads = [f / S for f in (8.0, 9.0)]
+    sweep, _ = _sweep(runner, "flat-lb", loads, 0)
+    assert not any(runner.passes(m) for m in sweep)
+    cap = _capacity(runner, "flat-lb", sweep, 6)
+    assert 1 / S / 1.022 <= cap <= 1 / S
+    # and one that fails down to 1/4^DESCEND_STEPS of the sweep is 0
+    hopeless = [f / S for f in (4.0**DESCEND_STEPS * 2, 4.0**DESCEND_STEPS * 3)]
+    sweep, _ = _sweep(runner, "flat-lb", hopeless, 0)
+    assert _capacity(runner, "flat-lb", sweep, 6) == 0.0
 
 
 def test_cluster_sweep_extends_past_a_passing_top_and_marks_lower_bounds() -> None:
