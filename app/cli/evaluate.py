@@ -918,9 +918,10 @@ measures the knee of one replica on held-out data (another seed of the workload,
 re-tiled with another seed) and uses it as `q_cap`; sweeps every policy over offered loads (the
 replay time-compressed to each load; traces are also tiled; a policy still within the SLO at the
 top load goes on in x1.2 steps until it fails); takes the SLO capacity as the highest load whose
-p99 stays under the SLO (bisection between sweep points); quotes hit rate, imbalance (requests and
-prefill work) and p99 at the reference load (the highest sweep load Flat-LB still serves); and runs
-the workload-only diagnostic. Plans are rebuilt as the planner service rebuilds them: every 60 s of
+p99 stays under the SLO (bisection between sweep points; a policy failing the lowest load is run
+at quarters of it until it passes); quotes hit rate, imbalance (requests and prefill work) and
+p99 at the reference load (the highest sweep load Flat-LB still serves); and runs the
+workload-only diagnostic. Plans are rebuilt as the planner service rebuilds them: every 60 s of
 replay time (or 15 times per replay where that is more often; at most 256), from per-key rates
 whose counts halve every 60 s, the planner's EWMA (no oracle). The first 20% of each replay is
 warm-up and not measured.
