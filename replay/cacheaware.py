@@ -1,7 +1,11 @@
 """Reactive cache-aware baselines: `sglang` (SGLang's cache-aware router) and `preble` (Preble E2).
 
 `sglang`, after sgl-router's cache_aware policy (defaults: cache_threshold 0.5,
-balance_abs_threshold 32, balance_rel_threshold 1.0001):
+balance_abs_threshold 32, balance_rel_threshold 1.0001, the Python launcher's). The router's
+later releases (sgl-model-gateway, and vllm-router, which copies it) default to 0.3 / 64 / 1.5;
+those made this baseline weaker where it was not already failing (`evaluate --quick --seeds 3`:
+whale at 4 gateways 258 req/s against 282; the Mooncake arXiv trace at 16 gateways 4.2 against
+3.8, both herding), so the stronger, older settings stay:
   * if the cluster is imbalanced - (max - min in-flight) > abs threshold AND max > rel * min -
     route to the destination with the fewest in-flight requests;
   * else find the destination whose approximate tree matches the longest prefix; if the match
