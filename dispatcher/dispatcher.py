@@ -3,7 +3,15 @@
 It wraps the pure `Router` with the parts that touch time and threads: applying new plan versions
 (built off the routing path, swapped in with one reference assignment), the staleness rule (a plan
 older than `staleness_intervals` control intervals -> the cold path for everything, with one log
-line per transition), optional health checks, and metrics. The Kafka subscription that feeds
+line per transition), optional health checks, and metrics.
+
+How old a plan is: the first version a gateway takes (at start, or after a silence longer than
+the limit) may be a dead planner's last, so it is judged by its stamp, `created_ms`, against this
+gateway's clock. Once versions keep coming, each is judged by when it *arrived*, on this
+gateway's clock alone: a planner that publishes every interval is alive whatever its clock
+says. Judged by stamps only, one planner host whose clock ran ten minutes slow (or five seconds
+fast) made every gateway of the fleet route by the cold path for as long as it lasted, with
+fresh plans arriving every interval; `cacheroute doctor` still names such a clock. The Kafka subscription that feeds
 `apply_plan` is `follow()` (see dispatcher/subscription.py); tests and simulators call `apply_plan`
 directly.
 """
@@ -58,7 +66,8 @@ class DispatcherConfig:
     maintenance_interval_s: float = 1.0
     """How often the background thread re-checks staleness and runs the health check."""
     max_clock_skew_s: float = 5.0
-    """A plan created further than this in the future of this gateway's clock is stale too.
+    """A first version (see the module docstring) created further than this in the future of
+    this gateway's clock is stale too.
 
     Its age is negative, and a negative age never reaches the staleness limit: the last plan of a
     dead planner whose clock runs fast would stay live for as long as its clock is ahead. Hosts
@@ -168,6 +177,11 @@ class Dispatcher:
         (freeing a 60k-key table in one go holds the GIL for about half a millisecond)."""
         self._mode_lock = threading.Lock()
         self._interval_s = self.config.control_interval_s
+        self._arrived_s: float | None = None
+        """This gateway's clock when the live plan was applied."""
+        self._following = False
+        """Whether the live plan came while this gateway followed the planner's versions (its
+        previous one within the staleness limit): then its age is time since it arrived."""
         self._mode = "no_plan"
         self._warned: set[str] = set()
         self._stop = threading.Event()
@@ -310,7 +324,12 @@ class Dispatcher:
                     name,
                     table.version,
                 )
-            self.check_staleness()
+            now = self.clock()
+            previous = self._arrived_s
+            limit = self.config.staleness_intervals * self._interval_s
+            self._following = previous is not None and 0.0 <= now - previous <= limit
+            self._arrived_s = now
+            self.check_staleness(now)
             return True
 
     def check_staleness(self, now: float | None = None) -> bool:
@@ -319,17 +338,24 @@ class Dispatcher:
         if table is None:
             return True
         now = self.clock() if now is None else now
-        age = now - table.created_ms / 1000.0
         limit = self.config.staleness_intervals * self._interval_s
-        future = age < -self.config.max_clock_skew_s
-        stale = future or age > limit
+        arrived = self._arrived_s
+        if self._following and arrived is not None:  # a live version: its age is since arrival
+            age = now - arrived
+            future = False
+            stale = age > limit
+            mode = "silent" if stale else "plan"
+        else:  # the first version taken: it may be a dead planner's last, so its stamp counts
+            age = now - table.created_ms / 1000.0
+            future = age < -self.config.max_clock_skew_s
+            stale = future or age > limit
+            mode = "future" if future else "stale" if stale else "plan"
         self.router.stale = stale
-        mode = "future" if future else "stale" if stale else "plan"
         with self._mode_lock:  # the apply, maintenance and caller threads all check
             if mode == self._mode:
                 return stale
             self._mode = mode
-            # The age is measured on this gateway's clock against a stamp of the planner's:
+            # A first version's age is this gateway's clock against a stamp of the planner's:
             # from here neither clock can be told wrong, so the lines name both and say how to
             # tell (a third host judging the same plan; the plan's Kafka record time is not kept
             # by the follower, and with CreateTime it is the planner's clock again anyway).
@@ -340,11 +366,21 @@ class Dispatcher:
                     "or this gateway's clock is behind. To tell which, compare both hosts with "
                     "NTP (chronyc tracking / timedatectl), or run `cacheroute doctor` on another "
                     "host: if it finds the plan fresh, this gateway's clock is the wrong one. "
-                    "Treating the plan as stale, routing everything by the cold path until a "
-                    "plan with a plausible time arrives",
+                    "Treating the plan as stale, routing everything by the cold path until the "
+                    "next version arrives (versions that keep coming count from their arrival)",
                     table.version,
                     -age,
                     self.config.max_clock_skew_s,
+                )
+            elif mode == "silent":
+                log.warning(
+                    "no plan newer than v%d for %.0f s (limit %.0f s): routing everything by "
+                    "the cold path (no plan) until a new version arrives. The planner stopped "
+                    "publishing, or this gateway stopped receiving its versions: run "
+                    "`cacheroute doctor`",
+                    table.version,
+                    age,
+                    limit,
                 )
             elif stale:
                 log.warning(
@@ -352,7 +388,8 @@ class Dispatcher:
                     "everything by the cold path (no plan) until a fresh plan arrives. Either "
                     "the planner stopped publishing, or the clocks disagree (the planner's clock "
                     "behind or this gateway's clock ahead): if `cacheroute doctor` on another "
-                    "host finds the plan fresh, check this gateway's clock",
+                    "host finds the plan fresh, check this gateway's clock. The next version to "
+                    "arrive counts from its arrival",
                     table.version,
                     age,
                     limit,

@@ -1,5 +1,9 @@
 """A plan from the future: gateways treat it as stale (one log line), within the skew margin not.
 
+That is the rule for a first version (at start, or after a silence past the limit); versions that
+keep coming are judged by their arrival, so one planner host's wrong clock never stops a fleet
+from routing by plan.
+
 A planner whose clock runs a day ahead stamps plans with a negative age, and a
 negative age used to count as fresh forever, so gateways stayed on a dead planner's last plan.
 """
@@ -116,24 +120,65 @@ def test_threads_checking_at_once_log_a_future_plan_once() -> None:
 def test_clock_skew_within_the_margin_is_fresh_and_beyond_it_is_stale(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # The margin applies to a first version, one a gateway takes at start or after a silence
+    # longer than the limit (3 intervals of 10 s): it may be a dead planner's last.
+    now_ms = int(NOW_S * 1000)
+    for ahead_ms, want_stale in ((5_000, False), (5_001, True), (-1_000, False)):
+        clock = Clock(NOW_S)
+        d = Dispatcher(NAMES, DispatcherConfig(max_clock_skew_s=5.0), clock=clock)
+        d.apply_plan(plan(1, now_ms + ahead_ms))
+        assert stale(d) is want_stale, ahead_ms
+    caplog.clear()
     clock = Clock(NOW_S)
     d = Dispatcher(NAMES, DispatcherConfig(max_clock_skew_s=5.0), clock=clock)
-    now_ms = int(NOW_S * 1000)
     with caplog.at_level(logging.WARNING, logger="cacheroute.dispatcher"):
-        d.apply_plan(plan(1, now_ms + 5_000))  # exactly the margin ahead: allowed
-        assert not stale(d)
-        d.apply_plan(plan(2, now_ms + 5_001))  # a millisecond more: stale
-        assert stale(d)
-        d.apply_plan(plan(3, now_ms - 1_000))  # a plan with a plausible time: fresh again
-        assert not stale(d)
-        d.apply_plan(plan(4, now_ms + 60_000))
+        d.apply_plan(plan(1, now_ms + 60_000))
         assert stale(d)
         clock.t += 60.0  # the clocks meet: the same plan is fresh (age 0)
         assert not d.check_staleness()
         clock.t += 31.0  # and ages normally: 3 intervals of 10 s
         assert d.check_staleness()
+        d.apply_plan(plan(2, now_ms + 60_000 + 91_000 + 60_000))  # after the silence: a first
+        assert stale(d)  # version again, a minute ahead
     assert len(future_lines(caplog)) == 2  # one per transition into the future, not per check
     assert sum("path (no plan) until" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("planner_offset_s", [-600.0, 6.0, 86_400.0])
+def test_versions_that_keep_coming_are_fresh_whatever_the_planners_clock(
+    planner_offset_s: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One planner host with a wrong clock (10 min slow, 6 s or a day fast) publishes every 10 s.
+
+    Its first version is judged by its stamp (stale: it could be a dead planner's last), each
+    later one by its arrival, so the gateway routes by plan from the second version on; when the
+    versions stop, the last goes stale 30 s (3 intervals) after it arrived, with its own line.
+    Judged by stamps alone, every gateway routed by the cold path for as long as the clock was off.
+    """
+    clock = Clock(NOW_S)
+    d = Dispatcher(NAMES, rng=random.Random(0), clock=clock)
+    stamp_ms = int((NOW_S + planner_offset_s) * 1000)
+    with caplog.at_level(logging.WARNING, logger="cacheroute.dispatcher"):
+        d.apply_plan(plan(1, stamp_ms))
+        assert stale(d)
+        for version in range(2, 6):
+            clock.t += 10.0
+            d.apply_plan(plan(version, stamp_ms + (version - 1) * 10_000))
+            assert not stale(d)
+            d.route("k0")
+        assert d.router.counts[RouteKind.PLAN] == 4
+        clock.t += 30.0  # no version for exactly the limit: still fresh
+        assert not d.check_staleness()
+        clock.t += 0.5  # then the planner has gone quiet
+        assert d.check_staleness()
+        clock.t += 100.0
+        assert d.check_staleness()
+    silent = [r.getMessage() for r in caplog.records if "no plan newer than v5" in r.getMessage()]
+    assert silent == [
+        "no plan newer than v5 for 30 s (limit 30 s): routing everything by the cold path (no "
+        "plan) until a new version arrives. The planner stopped publishing, or this gateway "
+        "stopped receiving its versions: run `cacheroute doctor`"
+    ]
 
 
 @pytest.mark.parametrize(
