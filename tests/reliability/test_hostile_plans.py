@@ -11,7 +11,9 @@ topic can do it):
      the foreign records and re-publishes the live version over them, so a reader that starts after
      compaction still finds it (compaction is simulated: the newest record per key, no tombstones);
   6. a plan created a day in the future: gateways treat it as stale, doctor fails it, a planner
-     that takes over re-publishes with its own time.
+     that takes over re-publishes with its own time;
+  7. a live planner whose clock runs 10 minutes slow: its first version is stale to a gateway,
+     the ones that keep coming steer it (judged by arrival), and silence still makes it stale.
 
 What is lost: nothing — the live plan stays (same version, same assignments) and every rejection
 is counted under its reason.
@@ -383,5 +385,55 @@ def test_a_plan_from_a_clock_a_day_ahead_is_stale_and_a_planner_replaces_it(
                     time.sleep(0.1)
                 assert not dispatcher.check_staleness()
                 assert abs(dispatcher.plan_age_s() or 0.0) < 30
+    finally:
+        dispatcher.close()
+
+
+# ------------------------------------------------------------------------------------ probe 7
+def test_a_planner_clock_ten_minutes_slow_still_steers_a_following_gateway(
+    topics: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live planner whose host clock runs 10 minutes slow publishes every second.
+
+    Its first version is judged by its stamp (stale: it could be a dead planner's last), each
+    later one by when it arrived, so the gateway routes by plan from the second version on.
+    Judged by stamps alone, every gateway of a fleet routed by the cold path with fresh plans
+    arriving every interval. When the versions stop, the plan goes stale after 3 intervals
+    (interval 2 s: 6 s) with the line that says versions stopped arriving.
+    """
+    slow_ms = int(time.time() * 1000) - 600_000
+    dispatcher = Dispatcher(["d0", "d1", "d2", "d3"], rng=random.Random(0))
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="cacheroute.dispatcher"),
+            started_publisher(topics, txid(topics)) as planner,
+        ):
+            planner.publish(future_plan(1, slow_ms))
+            dispatcher.follow(topics)
+            deadline = time.monotonic() + 30
+            while dispatcher.version != 1:
+                assert time.monotonic() < deadline, "the gateway never applied v1"
+                time.sleep(0.05)
+            assert dispatcher.router.stale  # a first version 600 s old by this clock
+            for version in (2, 3):
+                time.sleep(1.0)
+                planner.publish(future_plan(version, slow_ms + (version - 1) * 1000))
+                while dispatcher.version != version:
+                    assert time.monotonic() < deadline + 30, f"v{version} never applied"
+                    time.sleep(0.05)
+                assert not dispatcher.check_staleness()
+            before = dispatcher.router.counts[RouteKind.PLAN]
+            for i in range(200):
+                dispatcher.route(f"key-{i:04d}")
+            assert dispatcher.router.counts[RouteKind.PLAN] - before > 0
+            assert dispatcher.router.counts[RouteKind.STALE] == 0
+            quiet = time.monotonic() + 20
+            while not dispatcher.check_staleness():  # the planner publishes no more
+                assert time.monotonic() < quiet, "a silent planner's plan never went stale"
+                time.sleep(0.2)
+        lines = [r.getMessage() for r in caplog.records]
+        assert any("plan v1 is 60" in m and "old by this gateway's clock" in m for m in lines)
+        assert any(m.startswith("routing by plan v2") for m in lines)
+        assert any(m.startswith("no plan newer than v3 for") for m in lines)
     finally:
         dispatcher.close()
