@@ -169,7 +169,7 @@ def test_a_mooncake_trace_split_into_16_token_ids_reads_as_the_original(
     # the same blocks: equal ids where the original's are equal (ids themselves are labels)
     assert np.array_equal(_first_use(got.block_ids), _first_use(want.block_ids))
     # the generic loader finds the format by itself and reads the same
-    auto = load_source(SourceSpec(trace=fine_path, key_blocks=key_blocks, requests=100))
+    auto = load_source(SourceSpec(trace=fine_path, key_blocks=key_blocks, tile=1))
     assert np.array_equal(_first_use(auto.block_ids), _first_use(want.block_ids))
 
 

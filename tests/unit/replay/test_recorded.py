@@ -166,8 +166,10 @@ def test_recorded_requests_are_tiled_as_a_trace_is() -> None:
     assert tiled.n == 9  # three copies of three requests
     assert np.array_equal(np.sort(tiled.prompt_tokens), np.repeat([25, 30, 47], 3))
     assert spec.describe() == {"recorded": "topic t", "requests_recorded": 3}
-    untiled = load_source(SourceSpec(recorded=q, requests=2))
-    assert untiled is q
+    assert load_source(SourceSpec(recorded=q, requests=3)) is q
+    cut = load_source(SourceSpec(recorded=q, requests=2))  # more than asked for: the first ones
+    assert cut.times.tolist() == [0.0, 0.5]
+    assert cut.notes[-1] == "first 2 of the 3 requests (--requests for more)"
 
 
 def test_events_the_streams_agent_dead_letters_are_left_out_and_named() -> None:

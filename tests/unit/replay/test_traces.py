@@ -176,6 +176,18 @@ def test_a_generic_row_that_cannot_be_read_is_named_by_its_number(tmp_path: Path
         read_generic(path)
 
 
+def test_a_trace_longer_than_the_requests_asked_for_is_cut_to_its_first_ones() -> None:
+    # `evaluate --quick` says 20,000 requests; a million-request trace was replayed whole
+    path = DATA / "mooncake_arxiv_1000.jsonl"
+    whole = load_source(SourceSpec(trace=path, requests=1000))
+    cut = load_source(SourceSpec(trace=path, requests=300))
+    assert (whole.n, cut.n) == (1000, 300)
+    assert np.array_equal(cut.times, whole.times[:300])
+    assert np.array_equal(cut.prompt_tokens, whole.prompt_tokens[:300])
+    assert cut.notes[-1] == "first 300 of the 1,000 requests (--requests for more)"
+    assert load_source(SourceSpec(trace=path, requests=300, tile=1)).n == 1000  # asked for
+
+
 def test_a_trace_without_an_arrival_process_is_refused_by_name(tmp_path: Path) -> None:
     # every request at the same instant: no rate to rescale, so no load sweep can mean anything
     line = '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n'
