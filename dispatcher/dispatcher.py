@@ -3,7 +3,9 @@
 It wraps the pure `Router` with the parts that touch time and threads: applying new plan versions
 (built off the routing path, swapped in with one reference assignment), the staleness rule (a plan
 older than `staleness_intervals` control intervals -> the cold path for everything, with one log
-line per transition), optional health checks, and metrics.
+line per transition), optional health checks, and metrics. The Kafka subscription that feeds
+`apply_plan` is `follow()` (see dispatcher/subscription.py); tests and simulators call `apply_plan`
+directly.
 
 How old a plan is: the first version a gateway takes (at start, or after a silence longer than
 the limit) may be a dead planner's last, so it is judged by its stamp, `created_ms`, against this
@@ -11,9 +13,7 @@ gateway's clock. Once versions keep coming, each is judged by when it *arrived*,
 gateway's clock alone: a planner that publishes every interval is alive whatever its clock
 says. Judged by stamps only, one planner host whose clock ran ten minutes slow (or five seconds
 fast) made every gateway of the fleet route by the cold path for as long as it lasted, with
-fresh plans arriving every interval; `cacheroute doctor` still names such a clock. The Kafka subscription that feeds
-`apply_plan` is `follow()` (see dispatcher/subscription.py); tests and simulators call `apply_plan`
-directly.
+fresh plans arriving every interval; `cacheroute doctor` still names such a clock.
 """
 
 from __future__ import annotations
