@@ -297,6 +297,12 @@ class Dispatcher:
             )
             router = self.router
             replaced = [t for t in (router.table, router.previous_table) if t is not None]
+            # arrived while following the versions (the last one within the limit then in force)?
+            now = self.clock()
+            previous = self._arrived_s
+            limit = self.config.staleness_intervals * self._interval_s
+            self._following = previous is not None and 0.0 <= now - previous <= limit
+            self._arrived_s = now
             router.install(table)  # the swap: one reference assignment
             self._retired = [
                 t for t in replaced if t is not router.table and t is not router.previous_table
@@ -324,11 +330,6 @@ class Dispatcher:
                     name,
                     table.version,
                 )
-            now = self.clock()
-            previous = self._arrived_s
-            limit = self.config.staleness_intervals * self._interval_s
-            self._following = previous is not None and 0.0 <= now - previous <= limit
-            self._arrived_s = now
             self.check_staleness(now)
             return True
 
