@@ -196,9 +196,15 @@ def produce_batches(
 
 
 def read_rates(
-    settings: Settings, until: set[tuple[str, int]], timeout: float = 90
+    settings: Settings,
+    until: set[tuple[str, int]],
+    timeout: float = 90,
+    worker: WorkerProcess | None = None,
 ) -> dict[tuple[str, int], KeyRate]:
-    """Consume `rates` from the start until every (key, window) in `until` has a record."""
+    """Consume `rates` from the start until every (key, window) in `until` has a record.
+
+    `worker`: the worker expected to write them; its log's tail goes into the failure message
+    (a CI run once waited 90 s for a restarted worker's rates, and nothing said why)."""
     consumer = Consumer(consumer_config(settings, group_id=f"rates-reader-{time.time_ns()}"))
     topic = settings.topics["rates"]
     meta = consumer.list_topics(topic, timeout=10)
@@ -221,5 +227,6 @@ def read_rates(
     finally:
         consumer.close()
     missing = until - set(got)
-    assert not missing, f"no rates for {sorted(missing)[:10]} after {timeout}s"
+    log = "" if worker is None else f"; worker log:\n{worker.tail()}"
+    assert not missing, f"no rates for {sorted(missing)[:10]} after {timeout}s{log}"
     return got

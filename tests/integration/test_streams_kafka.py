@@ -75,7 +75,7 @@ def test_known_patterns_give_exact_counts_and_estimates(settings: Settings, tmp_
     expected = truth(events, WINDOW)
     with streams_worker(settings, _app_id(settings), tmp_path, window_ms=WINDOW) as worker:
         produce_batches(settings, events, settings.requests_partitions, final_heartbeat_ms=END)
-        rates = read_rates(settings, set(expected))
+        rates = read_rates(settings, set(expected), worker=worker)
         _check(rates, expected)
         _nominal(rates)
         assert rates[("edge", T0)].count == 1  # 19_999 ms: first window
@@ -147,7 +147,7 @@ def test_worker_killed_mid_window_loses_no_counts(settings: Settings, tmp_path: 
         worker.proc.wait(timeout=10)
     produce_batches(settings, rest, settings.requests_partitions, final_heartbeat_ms=END)
     with streams_worker(settings, app_id, tmp_path / "second", window_ms=WINDOW) as second:
-        rates = read_rates(settings, set(expected))
+        rates = read_rates(settings, set(expected), worker=second)
         assert second.metric("cacheroute_streams_events_replayed_total") > 0
     _check(rates, expected)
 
