@@ -64,7 +64,7 @@ import numpy as np
 
 from cacheroute.planner.errors import PlannerError
 from cacheroute.planner.plan import FloatArray, IntArray
-from cacheroute.schemas import KeyRate
+from cacheroute.schemas import MAX_PROMPT_TOKENS, KeyRate
 
 __all__ = [
     "AddResult",
@@ -102,7 +102,7 @@ class SmoothingParams:
     """A window's total rate may be at most this x its reference total; the growth above is cut."""
     total_floor: float = 100.0
     """Requests/s the reference total counts as at least (an idle cluster may still grow)."""
-    max_prompt_tokens: int = 4_000_000
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS
     """Ceiling of one request's mean prompt (or prefix) tokens: above it a record is
     implausible. The planner weighs keys by their prompts, so one forged sum must not make a key
     look like all of the cluster's work."""

@@ -6,6 +6,7 @@ Every producer and consumer in CacheRoute encodes and decodes through `codec_for
 from cacheroute.schemas.codec import MARKER, RecordCodec, codec_for, decode_any, load_schema
 from cacheroute.schemas.errors import SchemaError
 from cacheroute.schemas.records import (
+    MAX_PROMPT_TOKENS,
     Destination,
     KeyRate,
     PlanChunk,
@@ -18,6 +19,7 @@ from cacheroute.schemas.records import (
 
 __all__ = [
     "MARKER",
+    "MAX_PROMPT_TOKENS",
     "Destination",
     "KeyRate",
     "PlanChunk",

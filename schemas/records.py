@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "MAX_PROMPT_TOKENS",
     "Destination",
     "KeyRate",
     "PlanChunk",
@@ -20,6 +21,12 @@ __all__ = [
     "RequestEvent",
     "RequestSummary",
 ]
+
+
+MAX_PROMPT_TOKENS = 4_000_000
+"""The most prompt (or prefix, or cached) tokens one request may plausibly carry, though Avro's
+`int` allows 2**31 - 1: the planner's bound on a key's mean (`SmoothingParams.max_prompt_tokens`)
+and the streams agent's per event (`StreamConfig.max_prompt_tokens`), one default for both."""
 
 
 @dataclass(frozen=True, slots=True)

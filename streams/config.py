@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cacheroute.schemas import MAX_PROMPT_TOKENS
+
 __all__ = ["StreamConfig"]
 
 
@@ -38,10 +40,10 @@ class StreamConfig:
     late. It must cover the skew between gateway and broker clocks; keep it at most `grace_ms`,
     or a gateway that is ahead by less than the margin can still make punctual events late."""
 
-    max_prompt_tokens: int = 4_000_000
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS
     """An event whose prompt_tokens (or prefix or cached tokens) exceed this is malformed: the
-    planner's own ceiling on a key's mean prompt (`SmoothingParams.max_prompt_tokens`, the same
-    default), applied per event. The planner plans on work, a key's mean prompt times its rate,
+    planner's own ceiling on a key's mean prompt (both default to `schemas.MAX_PROMPT_TOKENS`),
+    applied per event. The planner plans on work, a key's mean prompt times its rate,
     and its ceiling sees only a key's mean: one event claiming 2 billion tokens (Avro's `int`
     allows it) among a thousand ordinary requests of its key passes it, and would make that key
     most of the cluster's work for a window (a check with `planner.work.work_rates`: a key at 1,000

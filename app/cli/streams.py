@@ -6,6 +6,7 @@ import logging
 
 import click
 
+from cacheroute.schemas import MAX_PROMPT_TOKENS
 from cacheroute.settings import Settings
 
 __all__ = ["streams"]
@@ -39,7 +40,7 @@ def streams() -> None:
 @click.option(
     "--max-prompt-tokens",
     type=click.IntRange(min=1),
-    default=4_000_000,
+    default=MAX_PROMPT_TOKENS,
     show_default=True,
     help="An event claiming more prompt (or prefix, or cached) tokens than this is "
     "dead-lettered (the planner's ceiling on a key's mean prompt, applied per event).",

@@ -33,6 +33,7 @@ from cacheroute.planner.params import DEFAULT_FAIR_SHARE
 from cacheroute.planner.protocol import DEFAULT_MAX_CHUNK_BYTES, HARD_MAX_CHUNK_BYTES
 from cacheroute.planner.smoothing import SmoothingParams
 from cacheroute.planner.work import DEFAULT_WORK_UNIT_TOKENS
+from cacheroute.schemas import MAX_PROMPT_TOKENS
 
 __all__ = ["CONFIG_KEYS", "PlannerServiceConfig", "load_service_config", "parse_destinations"]
 
@@ -239,7 +240,7 @@ def load_service_config(
             max_surge=number("max_surge", 100.0),
             max_total_growth=number("max_total_growth", 10.0),
             total_floor=number("total_floor", 100.0),
-            max_prompt_tokens=integer("max_prompt_tokens", 4_000_000),
+            max_prompt_tokens=integer("max_prompt_tokens", MAX_PROMPT_TOKENS),
         )
     except PlannerError as exc:
         raise ConfigError(f"planner settings{source}: {exc}") from None
