@@ -11,6 +11,7 @@ import importlib.util
 import os
 import random
 import sys
+import threading
 from collections import deque
 from pathlib import Path
 from types import ModuleType
@@ -116,3 +117,56 @@ def test_a_dispatchers_request_is_the_routers_hold() -> None:
         held.release()
     assert d.router.total_inflight == 0
     assert d.router.total_requests == 0
+
+
+def _hammer(module: Any) -> Any:
+    """Four threads route and release through the documented path (`request` and `with`), with
+    requests held across a window, switching threads as often as the interpreter allows, plus
+    `acquire`/`settle`/`release` with weights; returns the router."""
+    table = module.build_table(1, 0, [("hot", ["d1", "d2"]), ("solo", ["d3"])], NAMES, NAMES)
+    r = module.Router(NAMES, rng=random.Random(5))
+    r.table = table
+
+    def work(seed: int) -> None:
+        draw = random.Random(seed)
+        window: deque[Any] = deque()
+        for n in range(30_000):
+            key = ("hot", "solo", f"cold{draw.randrange(50)}")[n % 3]
+            held = r.hold(key, prompt_tokens=draw.randrange(1, 3000) if n % 4 == 0 else None)
+            held.__enter__()
+            if n % 5 == 0:
+                held.first_token()
+            window.append(held)
+            if len(window) > 16:
+                window.popleft().__exit__(None, None, None)
+            d = r.route_index(key)
+            r.acquire(d, 3)
+            r.settle(d, 2)
+            r.release(d, 1)
+        while window:
+            window.popleft().__exit__(None, None, None)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    return r
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["as-installed", "interpreted"])
+def test_in_flight_counts_stay_exact_when_threads_race_on_the_documented_path(
+    compiled: bool,
+) -> None:
+    # as installed, the counters are updated without a lock where that is atomic (compiled
+    # code never lets another thread in between a read and its write); as Python, under one
+    r = _hammer(routing if compiled else _interpreted())
+    assert r.inflight == [0] * len(NAMES)
+    assert r.total_inflight == 0
+    assert r.total_requests == 0
+    assert sum(r.counts) == 4 * 30_000 * 2  # every decision counted once
