@@ -107,6 +107,7 @@ from types import ModuleType
 from typing import Any, Final, Protocol
 
 import numpy as np
+from xxhash import xxh3_64_intdigest
 
 from cacheroute.dispatcher.errors import DispatchError
 from cacheroute.dispatcher.prefixes import PrefixIndex
@@ -202,8 +203,8 @@ class RouteKind:
     )
 
 
-SHARDS = 64
-SHARD_MASK = SHARDS - 1
+SHARDS: Final = 64
+SHARD_MASK: Final = SHARDS - 1
 ONE_DICT_MAX_KEYS = 80_000
 """`table_from_plan` puts up to this many single-replica keys in one dict, filled a slice at a
 time by C-level `dict.update`, ~4x faster than the per-key loop larger plans use over `SHARDS`
@@ -224,16 +225,16 @@ DEFAULT_COLD_LOAD_FACTOR = 1.25
 DEFAULT_UNIT_TOKENS = 512
 """Prompt tokens per load unit: prefilling 512 tokens (~20 ms on an H100 for an 8B model) is
 about what one request's share of the decode batch costs over a short answer."""
-RING_VNODES = 160
-"""Points per destination on the cold path's ring (blake2b of `name#j`)."""
-PREFIX_SHARE = 0.25
+RING_VNODES: Final = 160
+"""Points per destination on the cold path's ring (`ring_hash` of `name#j`)."""
+PREFIX_SHARE: Final = 0.25
 """`Router.prefix_blocks`: a new cold key follows its prompt's blocks when one destination got
 more than this share of them as its leading run, and a known cold key stays where it went last
 only while that destination still got more than this share of its blocks. Preble's exploit rule
 uses one half; for new keys a quarter was as good or better on every replay source tried (the
 long-context conversation trace with session keys at one gateway: 0 -> 39.4, 0.25 -> 40.3,
 0.5 -> 39.4 req/s, from 37.7 without)."""
-CHURN_WEIGHT = 0.03
+CHURN_WEIGHT: Final = 0.03
 """`Router.cold_cost`: what one block of a destination's recent churn weighs against one prompt
 block missing there. Small on purpose: a placement's own prefill decides, and churn mostly breaks
 what would be ties (measured at one gateway, SLO capacity, req/s: 0.1 took the recorded demo
@@ -259,20 +260,20 @@ in this share of their capacity (`prefix_blocks` x destinations, in blocks): abo
 replica's cache takes to turn over a fifth, so churn says where contexts are being pushed out
 now, not an hour ago (2.0 instead: the same capacity on the conversation trace, hit rate 0.612
 against 0.616)."""
-_COLD_CACHE_KEYS = 1 << 16
+_COLD_CACHE_KEYS: Final = 1 << 16
 """Entries kept in each of a router's per-key memories (cold keys' ring positions, contexts,
 spill homes); a full one starts over empty (`Router._kept`)."""
-_FIELD = (1 << 24) - 1
+_FIELD: Final = (1 << 24) - 1
 """A destination index or ring position in a packed memory entry (24 bits; `_cold_entry`)."""
-_PROMPT_FIELD = (1 << 40) - 1
+_PROMPT_FIELD: Final = (1 << 40) - 1
 """Prompt tokens in a packed context entry (40 bits; `_context_entry`)."""
-_SHED_PER_INSERT = 4
+_SHED_PER_INSERT: Final = 4
 """Entries of a retired memory freed per insert into a live one (`Router._shed`): a memory of
 `_COLD_CACHE_KEYS` entries is gone after a quarter of that many inserts, long before the next
 one fills."""
 
 
-_M64 = (1 << 64) - 1
+_M64: Final = (1 << 64) - 1
 
 COMPILED_FROM: str | None = None
 """None when this module runs as Python; in the copy setup.py compiles with mypyc, the SHA-256 of
@@ -319,20 +320,16 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-_RING_HASHER: Final = hashlib.blake2b(digest_size=8)
-"""An empty blake2b-64 state: `ring_hash` copies it (never updates it, so threads share it)."""
-
-
 def ring_hash(text: str) -> int:
     """The stable 64-bit hash of the cold-path ring (the same in every process and gateway):
-    blake2b with an 8-byte digest of the UTF-8 text, read little-endian.
+    XXH3-64 (seed 0) of the UTF-8 text, as the xxHash specification defines it, so a gateway
+    written in another language computes the same ring from its own xxHash library.
 
-    Copying a ready state and updating it costs ~100 ns less than constructing one
-    (`hashlib.blake2b(data, digest_size=8)` parses its keyword arguments and sets up the
-    parameter block on every call): this runs on every cold key's first sight."""
-    hasher = _RING_HASHER.copy()
-    hasher.update(text.encode())
-    return int.from_bytes(hasher.digest(), "little")
+    It runs on every cold key's first sight, inside the routing decision: ~100 ns here, where
+    the blake2b-64 it replaced took ~600 ns (a new key's decision then cost ~2.5 us, most of
+    the slowest 1% of `bench dispatcher`); routing needs spread and stability, not a
+    cryptographic hash."""
+    return xxh3_64_intdigest(text.encode())
 
 
 @functools.lru_cache(maxsize=16)
@@ -390,12 +387,12 @@ class RoutingTable:
     version: int
     created_ms: int
     shards: tuple[dict[str, int], ...]
-    multi: Mapping[str, tuple[int, ...]]
+    multi: dict[str, tuple[int, ...]]
     unknown_destinations: frozenset[str] = frozenset()
     """Destinations the plan names but this gateway does not know (dropped from every T(b))."""
     unplanned_destinations: frozenset[str] = frozenset()
     """Destinations this gateway knows but the plan does not name (they get cold traffic only)."""
-    groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Group (the key's text before the last `group_separator`) -> the destinations its admitted
     keys use, in index order: where a key the plan does not admit goes if its group is known."""
     group_separator: str | None = None
@@ -833,7 +830,7 @@ class Router:
             if not self.up[d] or self.inflight[d] >= bound:
                 return -1
         self._cold_start = self._kept(self._cold_start)
-        self._cold_start[key] = _cold_entry(start, d, h)  # later cold routes start there
+        self._cold_start[key] = _cold_entry(start, d)  # later cold routes start there
         return d
 
     def _home(self, key: str, ctx: str, best: int, load: int) -> int:
@@ -1045,10 +1042,10 @@ class Router:
                 d = self._by_prefix(lengths, n, bound)
                 if d >= 0:
                     self.counts[10] += 1
-                    self._cold_start[key] = _cold_entry(start, d, h)
+                    self._cold_start[key] = _cold_entry(start, d)
                     return d
         else:
-            start, last, h = (seen >> 24) & _FIELD, seen & _FIELD, seen >> 48
+            start, last = seen >> 24, seen & _FIELD
             # its context at `last` is gone (by what this gateway sent where; `prefix_blocks`):
             # staying saves nothing, so it is placed again like any cold key
             stay = lengths is None or lengths[last] > PREFIX_SHARE * n
@@ -1063,14 +1060,15 @@ class Router:
                 )
             ):
                 return last
+            h = ring_hash(key)  # placed again: its hash is not kept (`_cold_entry`)
         if self.cold_cost and lengths is not None:
             d = self._by_cost(lengths, n, bound)
             if d >= 0:
                 self.counts[11] += 1
-                self._cold_start[key] = _cold_entry(start, d, h)
+                self._cold_start[key] = _cold_entry(start, d)
                 return d
         d = self._cold_place(key, h, start, bound, fresh=seen < 0)
-        self._cold_start[key] = _cold_entry(start, d, h)
+        self._cold_start[key] = _cold_entry(start, d)
         return d
 
     def _by_prefix(self, lengths: Sequence[int], blocks: int, bound: int) -> int:
@@ -1427,11 +1425,13 @@ class Router:
         return i is not None and self.up[i]
 
 
-def _cold_entry(start: int, destination: int, h: int) -> int:
-    """A cold key's memory entry, one int (`Router._cold_start`): its 64-bit ring hash `h`
-    above its ring position and last destination (24 bits each; `Router` refuses more
-    destinations than that leaves room for)."""
-    return (h << 48) | (start << 24) | destination
+def _cold_entry(start: int, destination: int) -> int:
+    """A cold key's memory entry, one int (`Router._cold_start`): its ring position above its
+    last destination (24 bits each; `Router` refuses more destinations than that leaves room
+    for). 48 bits: a machine word in the compiled module, where the 112-bit entry that also
+    held the key's hash was an arbitrary-precision int on every read. The hash is computed
+    again in the rare case it is needed (the key is placed again)."""
+    return (start << 24) | destination
 
 
 def _context_entry(destination: int, prompt_tokens: int, inserted: int) -> int:

@@ -3,6 +3,8 @@ comes in slices with a pause between them, so a routing thread waiting for the G
 
 from __future__ import annotations
 
+from collections.abc import Sized
+
 from cacheroute.dispatcher.dispatcher import _drain
 from cacheroute.dispatcher.routing import table_from_plan
 from tests.unit.dispatcher.fakes import fake_plan
@@ -12,7 +14,7 @@ def test_a_drained_table_is_empty_and_paced_by_slices() -> None:
     names = ["d0", "d1", "d2"]
     single = [(f"t{i % 2}/k{i}", [0]) for i in range(10)]  # 10 one-destination keys
     table = table_from_plan(fake_plan(1, [*single, ("t0/wide", [1, 2])], names), names)
-    dicts = [*table.shards, table.multi, table.groups]
+    dicts: list[Sized] = [*table.shards, table.multi, table.groups]
     assert [len(d) for d in dicts] == [10, 1, 2]  # one dict of keys; the wide key; t0 and t1
     pauses: list[int] = []
     _drain(table, lambda: pauses.append(1), 3)
