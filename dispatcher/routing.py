@@ -1288,20 +1288,7 @@ class Router:
                 units = self.work_units(key, i, count, session) if isinstance(key, str) else 1
             except (TypeError, ValueError, OverflowError):  # a hostile count: one request
                 units = 1
-        # `acquire(i, units)` written out: the documented hot path
-        if _ATOMIC:
-            self.inflight[i] += units
-            self.total_inflight += units
-            self.total_requests += 1
-        else:
-            lock = self._lock
-            lock.acquire()
-            try:
-                self.inflight[i] += units
-                self.total_inflight += units
-                self.total_requests += 1
-            finally:
-                lock.release()
+        self.acquire(i, units)  # compiled: a direct C call
         if units == 1:
             return self._held[i]  # immutable, shared: no allocation on the common path
         return InFlight(self, i, units, self.names[i])
@@ -1315,18 +1302,21 @@ class Router:
         balances work: a long prompt weighs what it costs the replica.
         """
         if _ATOMIC:  # compiled: atomic as it is (`_updates_are_atomic`)
-            self.inflight[index] += units
-            self.total_inflight += units
-            self.total_requests += 1
+            self._add(index, units)
             return
         lock = self._lock
         lock.acquire()  # not `with`: 70 ns less per use on CPython 3.11 (the hot path)
         try:
-            self.inflight[index] += units
-            self.total_inflight += units
-            self.total_requests += 1
+            self._add(index, units)
         finally:
             lock.release()
+
+    def _add(self, index: int, units: int) -> None:
+        """Count one more request, of `units`, at destination `index`; atomic or under the
+        lock (`acquire`)."""
+        self.inflight[index] += units
+        self.total_inflight += units
+        self.total_requests += 1
 
     def settle(self, index: int, units: int) -> None:
         """Part of a request's load at destination `index` is done (e.g. its prompt's prefill,
@@ -1337,24 +1327,20 @@ class Router:
     def release(self, index: int, units: int = 1) -> None:
         """A request to destination `index` finished (its `units`; never goes below zero)."""
         if _ATOMIC:  # compiled: atomic as it is (`_updates_are_atomic`)
-            held = self.inflight[index]
-            take = units if units <= held else held
-            self.inflight[index] = held - take
-            self.total_inflight -= take
-            if self.total_requests > 0:
-                self.total_requests -= 1
+            self._remove(index, units)
             return
         lock = self._lock
-        lock.acquire()  # `_drop` written out, and no `with`: this runs once per request
+        lock.acquire()  # no `with`: this runs once per request
         try:
-            held = self.inflight[index]
-            take = units if units <= held else held
-            self.inflight[index] = held - take
-            self.total_inflight -= take
-            if self.total_requests > 0:
-                self.total_requests -= 1
+            self._remove(index, units)
         finally:
             lock.release()
+
+    def _remove(self, index: int, units: int) -> None:
+        """One request of `units` at destination `index` is done; atomic or under the lock."""
+        self._drop(index, units)
+        if self.total_requests > 0:
+            self.total_requests -= 1
 
     def set_peer_loads(self, units: Sequence[object], requests: object) -> None:
         """Count what the other gateways hold in flight, on top of this gateway's own load.
@@ -1392,7 +1378,7 @@ class Router:
             return own, max(0, self.total_requests - self._peer_requests)
 
     def _drop(self, index: int, units: int) -> None:
-        """Take up to `units` off destination `index` (never below zero); caller holds the lock."""
+        """Take up to `units` off destination `index` (never below zero); atomic or under the lock."""
         held = self.inflight[index]
         take = units if units <= held else held
         self.inflight[index] = held - take
@@ -1559,27 +1545,7 @@ class InFlight:
         return self.destination
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        # `Router.release` written out (one call less on the documented hot path)
-        router, index, units = self.router, self.index, self.units
-        if _ATOMIC:  # compiled: atomic as it is (`_updates_are_atomic`)
-            held = router.inflight[index]
-            take = units if units <= held else held
-            router.inflight[index] = held - take
-            router.total_inflight -= take
-            if router.total_requests > 0:
-                router.total_requests -= 1
-            return
-        lock = router._lock
-        lock.acquire()
-        try:
-            held = router.inflight[index]
-            take = units if units <= held else held
-            router.inflight[index] = held - take
-            router.total_inflight -= take
-            if router.total_requests > 0:
-                router.total_requests -= 1
-        finally:
-            lock.release()
+        self.router.release(self.index, self.units)  # compiled: a direct C call
 
     def release(self) -> None:
         """Release the request's load (for callers that do not use `with`); call it once."""
