@@ -179,7 +179,9 @@ class Emitter:
                 event_time_ms = now
             elif type(event_time_ms) is not int or not 0 <= event_time_ms <= LONG_MAX:
                 event_time_ms = as_event_time(event_time_ms)
-            with self._lock:
+            lock = self._lock
+            lock.acquire()  # not `with`: ~70 ns less per event on CPython 3.11
+            try:
                 if self._held >= self._limit:
                     self._dropped += 1
                     return False
@@ -203,6 +205,8 @@ class Emitter:
                 self._held += 1
                 self._accepted += 1
                 full = len(keys) == self._max_batch
+            finally:
+                lock.release()
             if full:
                 self._wake.set()  # seal now rather than at the next poll
             return True
