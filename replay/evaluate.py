@@ -828,11 +828,10 @@ def _capacity(runner: _Runner, policy: str, sweep: Sequence[RunMetrics], refine:
             hi /= 4
         else:
             return 0.0
-    low = lo
     for _ in range(refine):
-        mid = math.sqrt(low * hi)
+        mid = math.sqrt(lo * hi)
         if runner.passes(runner.run(policy, mid)):
-            lo = low = mid
+            lo = mid
         else:
             hi = mid
     return lo
