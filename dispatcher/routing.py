@@ -291,7 +291,7 @@ def _updates_are_atomic() -> bool:
     (3.11 checks only at calls and backward jumps, but nothing promises that), so it keeps the
     lock; and so does a free-threaded build (`sys._is_gil_enabled`, 3.13+), which has no GIL to
     rely on. The lock cost ~300-400 ns per decision of the documented path here, about a third
-    of it (`bench dispatcher`: 0.82-0.96M -> 1.4-1.7M `request` decisions/s in one test run).
+    of it (README, "Gateways: the dispatcher", has the interleaved `bench dispatcher` runs).
     """
     gil = getattr(sys, "_is_gil_enabled", None)
     return COMPILED_FROM is not None and (gil is None or bool(gil()))
@@ -1321,6 +1321,9 @@ class Router:
     def settle(self, index: int, units: int) -> None:
         """Part of a request's load at destination `index` is done (e.g. its prompt's prefill,
         at the first streamed token); the request stays in flight with the rest."""
+        if _ATOMIC:  # compiled: atomic as it is (`_updates_are_atomic`)
+            self._drop(index, units)
+            return
         with self._lock:
             self._drop(index, units)
 
