@@ -8,11 +8,10 @@ tree's longest-prefix match is the longest run of leading blocks one destination
 `holders[block]` is a bitmask of destinations, so one pass over a prompt's blocks gives the match
 length on every destination at once.
 
-Gossip (`--sync-s`): gateways of a fleet that share their trees periodically keep a *journal* - per
-destination, the blocks inserted since the last sync, each stamped with its place in the global
-request order. `merge` replays the union of every gateway's journal in stamp order, so after a
-sync every gateway's index holds the same blocks per destination, in the recency order a single
-router that saw all of the interval's requests would have given them (the LRU budget still holds).
+Gossip (`--sync-s`, replay only): a fleet's gateways that share their trees keep journals of
+what they sent since the last sync (`replay/sharedprefixes.py`); `merge` replays their union into
+an index in stamp order, so a block's latest insert anywhere decides its recency, as in a single
+router that saw every gateway's requests (the LRU budget still holds).
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 __all__ = ["PrefixIndex"]
-
-_STAMP_STRIDE = 1 << 24
-"""Journal stamp = request index * this + position in the insert (prompts stay below 2**24 blocks)."""
 
 
 class PrefixIndex:
@@ -34,8 +30,6 @@ class PrefixIndex:
         self.holders: dict[int, int] = {}
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(destinations)]
         self.full = (1 << destinations) - 1
-        self.journal: list[dict[int, int]] | None = None
-        """Per destination: block -> stamp of its latest insert since the last sync (None: off)."""
 
     def match(self, blocks: list[int]) -> list[int]:
         """Leading blocks of `blocks` each destination holds."""
@@ -62,33 +56,20 @@ class PrefixIndex:
             mask ^= low
         return lengths
 
-    def insert(self, d: int, blocks: list[int], seq: int = 0) -> int:
+    def insert(self, d: int, blocks: list[int]) -> int:
         """Record that `blocks` were sent to d (deepest first, so block 0 is the most recent);
-        returns how many of them d did not hold (what its cache had to take in, by this index).
-
-        `seq` orders inserts across gateways (the request's index) for the journal, if kept.
-        """
-        if self.journal is not None:
-            journal = self.journal[d]
-            base = seq * _STAMP_STRIDE
-            for k, b in enumerate(reversed(blocks)):
-                journal[b] = base + k
+        returns how many of them d did not hold (what its cache had to take in, by this index)."""
         return self._touch(d, blocks[::-1])
 
     def size(self, d: int) -> int:
         """Blocks recorded for destination d."""
         return len(self.lru[d])
 
-    def start_journal(self) -> None:
-        """Keep a journal of inserts from now on, for `merge` (gossiping gateways)."""
-        self.journal = [{} for _ in range(self.destinations)]
-
     def merge(self, journals: list[list[dict[int, int]]]) -> None:
-        """Learn every journal's blocks (this index's own among them), then start a new journal.
+        """Learn the blocks of every journal (per destination: block -> stamp of its latest insert).
 
         The union is replayed in stamp order - a block's latest insert anywhere decides its
-        recency - so indexes that merged the same journals agree on which blocks every
-        destination holds. Cost: one dict pass and one sort over the interval's distinct blocks.
+        recency. Cost: one dict pass and one sort over the interval's distinct blocks.
         """
         for d in range(self.destinations):
             union: dict[int, int] = {}
@@ -98,7 +79,6 @@ class PrefixIndex:
                         union[b] = stamp
             if union:
                 self._touch(d, sorted(union, key=union.__getitem__))
-        self.start_journal()
 
     def _touch(self, d: int, blocks: list[int]) -> int:
         """Make `blocks` the most recent of d's, the last one most (oldest first), then trim.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +45,6 @@ class PeerState:
 
     load: list[float]
     """The gateway's own load per destination (in-flight requests, or Preble's GPU seconds)."""
-    blocks: list[dict[int, int]] | None = None
-    """Prefix-aware policies: the blocks it sent per destination since the last sync."""
 
 
 def peer_load(others: list[object], destinations: int) -> list[float]:
@@ -62,8 +61,9 @@ def peer_load(others: list[object], destinations: int) -> list[float]:
 class _CountsGossip(Policy):
     """Gossip of in-flight counts (`FleetConfig.sync_s` with `sync_load`): the state is the counts."""
 
-    def start_sync(self) -> None:
+    def start_sync(self, fleet: Sequence[object]) -> None:
         """Nothing to record between syncs: the in-flight counts are the state."""
+        del fleet
 
     def export_state(self, t: float) -> PeerState:
         """This gateway's own in-flight counts."""

@@ -32,7 +32,8 @@ Both use the same router-side `PrefixIndex`; neither sees the replicas' real cac
 
 Gossip (`--sync-s`, fleet.py): a fleet's gateways each see only their own requests. When they
 sync, each one learns the blocks every peer sent to every destination since the last sync
-(`PrefixIndex.merge`: afterwards all gateways' indexes agree) and the peers' loads - in-flight
+(afterwards all gateways' indexes agree: the fleet keeps one index as of the last sync and
+each gateway a view of it plus what it sent since, `sharedprefixes.py`) and the peers' loads - in-flight
 counts for `sglang`, decayed GPU seconds for `preble` - as of the sync (`remote`). Decisions then
 use own load (kept live) + remote, as a router whose peers gossip would; Preble's remote load
 decays like its own, since the work it stands for gets done between syncs.
@@ -47,6 +48,7 @@ from typing import Any
 from cacheroute.dispatcher.prefixes import PrefixIndex
 from cacheroute.replay.baselines import PeerState, peer_load
 from cacheroute.replay.policy import Policy, PolicyContext
+from cacheroute.replay.sharedprefixes import GatewayPrefixes, SharedPrefixes
 
 __all__ = ["Preble", "SGLang"]
 
@@ -57,7 +59,12 @@ class _PrefixPolicy(Policy):
         q = ctx.requests
         self.block_tokens = q.block_tokens
         budget = tree_tokens if tree_tokens is not None else ctx.service.cache_tokens
-        self.index = PrefixIndex(ctx.destinations, budget // q.block_tokens)
+        self.capacity_blocks = budget // q.block_tokens
+        self.index: PrefixIndex | GatewayPrefixes = PrefixIndex(
+            ctx.destinations, self.capacity_blocks
+        )
+        """Alone: its own index. In a gossiping fleet: its view of the fleet's (`start_sync`)."""
+        self.shared: SharedPrefixes | None = None
         self.offsets: list[int] = q.block_offsets.tolist()
         self.block_ids = q.block_ids
         self.prompt: list[int] = q.prompt_tokens.tolist()
@@ -69,26 +76,43 @@ class _PrefixPolicy(Policy):
         out: list[int] = self.block_ids[self.offsets[i] : self.offsets[i + 1]].tolist()
         return out
 
+    def record(self, d: int, blocks: list[int], i: int) -> None:
+        """Request i's prompt went to d (journalled for the peers in a gossiping fleet)."""
+        index = self.index
+        if isinstance(index, GatewayPrefixes):
+            index.insert(d, blocks, i)
+        else:
+            index.insert(d, blocks)
+
     def own_load(self) -> list[float]:
         """The load this gateway reports to its peers (in-flight requests by default)."""
         return [float(x) for x in self.inflight]
 
-    def start_sync(self) -> None:
-        """Journal the blocks sent from now on: peers learn them at the next sync."""
-        self.index.start_journal()
+    def start_sync(self, fleet: Sequence[object]) -> None:
+        """Use the fleet's shared index (the first gateway makes it) through a view of its own.
+
+        Called before any request, so every gateway's index is still empty.
+        """
+        leader = fleet[0]
+        assert isinstance(leader, _PrefixPolicy)
+        if leader.shared is None:
+            leader.shared = SharedPrefixes(self.ctx.destinations, self.capacity_blocks)
+        self.shared = leader.shared
+        self.index = self.shared.join()
 
     def export_state(self, t: float) -> PeerState:
-        """Own load and the blocks sent since the last sync (the journal, handed over as is)."""
+        """Own load; the blocks sent since the last sync are in this gateway's view, which the
+        fleet's shared index merges at the first `merge_state` of the sync."""
         del t
-        return PeerState(self.own_load(), self.index.journal)
+        if self.shared is not None:
+            self.shared.pending = True
+        return PeerState(self.own_load())
 
     def merge_state(self, others: list[object], *, loads: bool) -> None:
-        """Learn the peers' blocks (with this gateway's own, in global order), and their load."""
-        journals = [self.index.journal]
-        for other in others:
-            assert isinstance(other, PeerState)
-            journals.append(other.blocks)
-        self.index.merge([j for j in journals if j is not None])
+        """Learn the peers' blocks (every gateway's, merged once into the shared index), and
+        their load."""
+        if self.shared is not None and self.shared.pending:
+            self.shared.merge()
         if loads:
             self.remote = peer_load(others, self.ctx.destinations)
 
@@ -138,7 +162,7 @@ class SGLang(_PrefixPolicy):
                 sizes = [self.index.size(c) for c in range(len(lengths))]
                 d = sizes.index(min(sizes))
                 self.counts["smallest_tree"] += 1
-        self.index.insert(d, blocks, i)
+        self.record(d, blocks, i)
         own[d] += 1
         return d
 
@@ -237,7 +261,7 @@ class Preble(_PrefixPolicy):
         own[d] += self._prefill(p - cached, cached) + self.mean_output * self.decode_token_s
         # only now, after the charge: a request's own length never prices itself (module doc)
         self.mean_output += self.output_weight * (self.output[i] - self.mean_output)
-        self.index.insert(d, blocks, i)
+        self.record(d, blocks, i)
         self.inflight[d] += 1
         return d
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -94,8 +94,12 @@ class Gossiping(Protocol):
     merged, so no request is counted twice) before handing each gateway the others' exports.
     """
 
-    def start_sync(self) -> None:
-        """Start recording what the peers will need (e.g. a journal of inserted blocks)."""
+    def start_sync(self, fleet: Sequence[object]) -> None:
+        """Start recording what the peers will need (e.g. a journal of inserted blocks).
+
+        `fleet` is every gateway's policy, this one among them, for state the gateways keep
+        together (the prefix-aware baselines' index as of the last sync).
+        """
 
     def export_state(self, t: float) -> object:
         """This gateway's own state at the sync time t, to be read by its peers."""
@@ -150,7 +154,7 @@ class Fleet:
             if len(gossip) == len(self.members):
                 self.gossip = gossip
                 for m in gossip:
-                    m.start_sync()
+                    m.start_sync(gossip)
                 self.next_sync = self.first_t + config.sync_s
         self.peers: list[_Planned] = []
         self.next_report = math.inf

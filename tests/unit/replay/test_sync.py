@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from cacheroute.dispatcher.prefixes import PrefixIndex
 from cacheroute.replay.baselines import Chwbl, FlatLB
 from cacheroute.replay.cacheaware import Preble, SGLang
 from cacheroute.replay.errors import ReplayError
@@ -48,26 +47,6 @@ def test_after_a_sync_both_gateways_match_a_prompt_only_one_routed(
     assert b.index.match(prompt) == want
     assert a.index.match(other) == b.index.match(other)
     assert max(a.index.match(other)) == 2
-
-
-def test_merged_indexes_agree_and_keep_their_lru_budget() -> None:
-    # three gateways' indexes with a 3-block budget: each inserted other blocks to destination 0
-    indexes = [PrefixIndex(2, 3) for _ in range(3)]
-    for ix in indexes:
-        ix.start_journal()
-    indexes[0].insert(0, [1, 2], seq=0)
-    indexes[1].insert(0, [3], seq=1)
-    indexes[2].insert(0, [4, 5], seq=2)  # the latest: 4 (its first block) is the most recent
-    indexes[0].insert(1, [9], seq=3)
-    journals = [ix.journal for ix in indexes if ix.journal is not None]
-    for ix in indexes:
-        ix.merge(journals)  # every gateway merges all journals, its own among them
-    for ix in indexes:
-        assert list(ix.lru[0]) == [3, 5, 4]  # 1 and 2 (the oldest) trimmed to the budget
-        assert list(ix.lru[1]) == [9]
-        assert ix.match([4, 5]) == [2, 0]
-        assert ix.match([1]) == [0, 0]
-        assert ix.journal == [{}, {}]  # a new interval starts
 
 
 def test_a_load_sent_by_one_gateway_steers_the_other_after_a_sync(
