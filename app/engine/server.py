@@ -50,6 +50,45 @@ class _BadRequestError(Exception):
         self.code = code
 
 
+def _check_prompt(body: dict[str, Any], *, chat: bool) -> None:
+    """A chat request needs a non-empty list of messages, each an object with a string `role`;
+    a completion a `prompt`: a string, or a non-empty list of strings, of token ids, or of lists
+    of token ids. OpenAI's API and vLLM answer anything else with a 400, and so does the stand-in
+    (the gateway passes bodies through, so what a real backend refuses must be refused here)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequestError(
+                400, "`messages` must be a non-empty list of messages", "invalid_messages"
+            )
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _BadRequestError(
+                    400,
+                    f"`messages[{i}]` must be an object with a string `role`",
+                    "invalid_messages",
+                )
+        return
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt) or all(_token_ids(p) for p in prompt):
+            return
+        if _token_ids(prompt):
+            return
+    raise _BadRequestError(
+        400,
+        "`prompt` must be a string, or a non-empty list of strings, token ids or lists of them",
+        "invalid_prompt",
+    )
+
+
+def _token_ids(value: object) -> bool:
+    """A non-empty list of non-negative integers (bools are not token ids)."""
+    return isinstance(value, list) and bool(value) and all(type(t) is int and t >= 0 for t in value)
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
     """One valid request's parameters."""
@@ -120,8 +159,8 @@ class Engine:
                 self.metrics.cancelled.inc()
 
     # ------------------------------------------------------------------------------ requests
-    def _parse(self, raw: bytes) -> _Job:
-        """The request's parameters, or _BadRequestError."""
+    def _parse(self, raw: bytes, *, chat: bool) -> _Job:
+        """The request's parameters, or _BadRequestError (the checks OpenAI's API makes)."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -146,11 +185,15 @@ class Engine:
             raise _BadRequestError(
                 400, "`max_tokens` must be a positive integer", "invalid_max_tokens"
             )
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise _BadRequestError(400, "`stream` must be a boolean", "invalid_stream")
+        _check_prompt(body, chat=chat)
         options = body.get("stream_options")
         return _Job(
             body=body,
             max_tokens=min(want, self.config.max_output_tokens),
-            stream=body.get("stream") is True,
+            stream=stream is True,
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
         )
 
@@ -159,7 +202,7 @@ class Engine:
         chat = request.path == CHAT_PATH
         raw = await request.read()
         try:
-            job = self._parse(raw)
+            job = self._parse(raw, chat=chat)
         except _BadRequestError as exc:
             self.metrics.rejected.labels(exc.code).inc()
             kind = "invalid_request_error" if exc.status == 400 else "NotFoundError"

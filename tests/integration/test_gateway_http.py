@@ -251,6 +251,10 @@ def test_bad_requests_get_openai_style_4xx(pair: tuple[Service, Service]) -> Non
     assert unknown.status == 404
     assert unknown.json()["error"]["code"] == "model_not_found"
     assert unknown.backend == "d0"
+    # so does the engine's refusal of a body a real backend refuses (messages not a list)
+    shapeless = post_chat(gw.port, orjson.dumps({"model": MODEL, "messages": "hi"}))
+    assert shapeless.status == 400
+    assert shapeless.json()["error"]["code"] == "invalid_messages"
     # never crashed: a good request still works, and the errors are counted by reason
     assert post_chat(gw.port, chat_body("still there?")).status == 200
     text = gw.log.read_text()
