@@ -17,8 +17,36 @@ router that saw every gateway's requests (the LRU budget still holds).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
-__all__ = ["PrefixIndex"]
+__all__ = ["PrefixIndex", "match_lengths"]
+
+
+def match_lengths(masks: Iterable[int], destinations: int, full: int) -> list[int]:
+    """Per destination, how many leading blocks of a prompt it holds, given each block's holder
+    bitmask in prompt order (`full`: every destination's bit). Stops at the first block no
+    destination still matching holds, so `masks` may be a generator."""
+    lengths = [0] * destinations
+    mask = full
+    j = 0
+    for held in masks:
+        have = held & mask
+        if have != mask:
+            if j:
+                gone = mask & ~have
+                while gone:
+                    low = gone & -gone
+                    lengths[low.bit_length() - 1] = j
+                    gone ^= low
+            mask = have
+            if not mask:
+                return lengths
+        j += 1
+    while mask:
+        low = mask & -mask
+        lengths[low.bit_length() - 1] = j
+        mask ^= low
+    return lengths
 
 
 class PrefixIndex:
@@ -33,28 +61,8 @@ class PrefixIndex:
 
     def match(self, blocks: list[int]) -> list[int]:
         """Leading blocks of `blocks` each destination holds."""
-        lengths = [0] * self.destinations
-        mask = self.full
         holders = self.holders
-        j = 0
-        for b in blocks:
-            have = holders.get(b, 0) & mask
-            if have != mask:
-                if j:
-                    gone = mask & ~have
-                    while gone:
-                        low = gone & -gone
-                        lengths[low.bit_length() - 1] = j
-                        gone ^= low
-                mask = have
-                if not mask:
-                    return lengths
-            j += 1
-        while mask:
-            low = mask & -mask
-            lengths[low.bit_length() - 1] = j
-            mask ^= low
-        return lengths
+        return match_lengths((holders.get(b, 0) for b in blocks), self.destinations, self.full)
 
     def insert(self, d: int, blocks: list[int]) -> int:
         """Record that `blocks` were sent to d (deepest first, so block 0 is the most recent);

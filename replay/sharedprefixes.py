@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from cacheroute.dispatcher.prefixes import PrefixIndex
+from cacheroute.dispatcher.prefixes import PrefixIndex, match_lengths
 
 __all__ = ["GatewayPrefixes", "SharedPrefixes"]
 
@@ -119,28 +119,12 @@ class GatewayPrefixes:
 
     def match(self, blocks: list[int]) -> list[int]:
         """Leading blocks of `blocks` each destination holds (as `PrefixIndex.match`)."""
-        lengths = [0] * self.destinations
-        mask = self.full
         shared, own, gone = self.base.holders, self.own_holders, self.gone
-        j = 0
-        for b in blocks:
-            have = ((shared.get(b, 0) & ~gone.get(b, 0)) | own.get(b, 0)) & mask
-            if have != mask:
-                if j:
-                    left = mask & ~have
-                    while left:
-                        low = left & -left
-                        lengths[low.bit_length() - 1] = j
-                        left ^= low
-                mask = have
-                if not mask:
-                    return lengths
-            j += 1
-        while mask:
-            low = mask & -mask
-            lengths[low.bit_length() - 1] = j
-            mask ^= low
-        return lengths
+        return match_lengths(
+            ((shared.get(b, 0) & ~gone.get(b, 0)) | own.get(b, 0) for b in blocks),
+            self.destinations,
+            self.full,
+        )
 
     def insert(self, d: int, blocks: list[int], seq: int) -> int:
         """Record that `blocks` (request `seq`'s, in the fleet's order) were sent to d; returns
