@@ -32,11 +32,11 @@ Both use the same router-side `PrefixIndex`; neither sees the replicas' real cac
 
 Gossip (`--sync-s`, fleet.py): a fleet's gateways each see only their own requests. When they
 sync, each one learns the blocks every peer sent to every destination since the last sync
-(afterwards all gateways' indexes agree: the fleet keeps one index as of the last sync and
-each gateway a view of it plus what it sent since, `sharedprefixes.py`) and the peers' loads - in-flight
-counts for `sglang`, decayed GPU seconds for `preble` - as of the sync (`remote`). Decisions then
-use own load (kept live) + remote, as a router whose peers gossip would; Preble's remote load
-decays like its own, since the work it stands for gets done between syncs.
+(afterwards all gateways' indexes agree: the fleet keeps one index as of the last sync, and
+each gateway a view of it plus what it sent since, `sharedprefixes.py`) and the peers' loads -
+in-flight counts for `sglang`, decayed GPU seconds for `preble` - as of the sync (`remote`).
+Decisions then use own load (kept live) + remote, as a router whose peers gossip would; Preble's
+remote load decays like its own, since the work it stands for gets done between syncs.
 """
 
 from __future__ import annotations
