@@ -104,14 +104,12 @@ class _PrefixPolicy(Policy):
         """Own load; the blocks sent since the last sync are in this gateway's view, which the
         fleet's shared index merges at the first `merge_state` of the sync."""
         del t
-        if self.shared is not None:
-            self.shared.pending = True
         return PeerState(self.own_load())
 
     def merge_state(self, others: list[object], *, loads: bool) -> None:
         """Learn the peers' blocks (every gateway's, merged once into the shared index), and
         their load."""
-        if self.shared is not None and self.shared.pending:
+        if self.shared is not None:
             self.shared.merge()
         if loads:
             self.remote = peer_load(others, self.ctx.destinations)

@@ -44,8 +44,6 @@ class SharedPrefixes:
     def __init__(self, destinations: int, capacity_blocks: int) -> None:
         self.index = PrefixIndex(destinations, capacity_blocks)
         self.views: list[GatewayPrefixes] = []
-        self.pending = False
-        """Some gateway exported its state since the last merge (a sync is under way)."""
 
     def join(self) -> GatewayPrefixes:
         """A new gateway's view (joining before any block was sent)."""
@@ -54,15 +52,18 @@ class SharedPrefixes:
         return view
 
     def merge(self) -> None:
-        """The sync: replay every view's journal into the shared index, then empty the views."""
+        """The sync: replay every view's journal into the shared index, then empty the views.
+        Nothing to do when no gateway sent anything since (so every gateway of a sync may call
+        it: the first one merges)."""
         sent = [v for v in self.views if v.dirty]
+        if not sent:
+            return
         self.index.merge([v.journal for v in sent])
         sizes = [len(lru) for lru in self.index.lru]
         for view in sent:
             view.reset()
         for view in self.views:
             view.sizes = sizes.copy()
-        self.pending = False
 
 
 class GatewayPrefixes:
