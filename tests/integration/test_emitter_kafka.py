@@ -45,8 +45,15 @@ def _read_all(
 
 def _events_on_topic(settings: Settings) -> list[tuple[int, Sent]]:
     """(partition, event) for every event in every batch on the requests topic."""
+    return _events_in(_read_all(settings))
+
+
+def _events_in(
+    read: dict[int, list[tuple[KafkaRecord, RequestBatch | RequestSummary]]],
+) -> list[tuple[int, Sent]]:
+    """(partition, event) for every event in every batch of a `_read_all` result."""
     got: list[tuple[int, Sent]] = []
-    for p, records in _read_all(settings).items():
+    for p, records in read.items():
         for _, batch in records:
             assert isinstance(batch, RequestBatch)
             got.extend(
@@ -111,7 +118,7 @@ def test_every_accepted_event_arrives_once_on_the_partition_kafka_would_choose(
     first_offsets = {p: recs[0][0].offset if recs else None for p, recs in records.items()}
     assert all(s == list(range(len(s))) for s in seqs.values()), (seqs, first_offsets)
     assert all(rec.key == b"gw-it" for recs in records.values() for rec, _ in recs)
-    got = _events_on_topic(settings)
+    got = _events_in(records)  # the same read as the seqs above
     assert all(p == partition_for(e[0], 8) for p, e in got)
     assert Counter(e for _, e in got) == Counter(sent)  # every event exactly once, intact
 
@@ -143,8 +150,8 @@ def test_idle_partitions_receive_heartbeats(settings: Settings) -> None:
             for key in busy:
                 emitter.emit(key, 1)
             time.sleep(0.1)
-    assert Counter(p for p, _ in _events_on_topic(settings)) == {0: 8 * len(busy)}
     records = _read_all(settings)
+    assert Counter(p for p, _ in _events_in(records)) == {0: 8 * len(busy)}
     for p in range(1, 8):
         beats = [b for _, b in records[p]]
         assert len(beats) >= 2, p  # ~800 ms at one per 200 ms, minus start-up
